@@ -1,0 +1,3 @@
+from rredcot_cli.cli import main
+
+main()
