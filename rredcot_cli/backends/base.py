@@ -1,0 +1,45 @@
+"""The generation/scoring contract. HF ``generate`` on CPU and vLLM on GPU give the same outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # generated tokens, EOS included when the model stopped by itself
+    logprobs: list[float]  # log-prob of each generated token under the sampling distribution
+    text: str  # decoded token_ids without special tokens
+    finish_reason: str  # "stop" (EOS) or "length" (hit max_new_tokens)
+
+
+@dataclass
+class SamplingParams:
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class Backend(Protocol):
+    tokenizer: object
+
+    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, outer list aligned with ``prompts``."""
+
+    def score(
+        self,
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        with_entropy: bool = False,
+    ) -> tuple[list["torch.Tensor"], list["torch.Tensor"] | None]:
+        """Teacher-forced log-probs (temperature 1) of each completion token given its prompt:
+        a list of float32 tensors of shape (len(completion_ids[i]),); entropies of the full
+        next-token distribution at the same positions when ``with_entropy``."""
+
+    def sync_weights(self, model: object) -> None:
+        """Make generation use the weights of ``model`` (the policy being trained)."""

@@ -1,0 +1,160 @@
+"""Typed config schemas. Hydra validates every composed config against these, so a misspelled
+key fails at compose time. Only ``rredcot_cli.config`` turns argv into one of these; stages read
+fields and pass explicit keyword arguments on, so no function below a stage ever sees a config.
+
+The ``method`` group is validated separately, against the parameters its registry entry
+declares (see ``rredcot_cli.methods``), because every credit method has its own knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+@dataclass
+class RunConfig:
+    # Where every artifact of this run goes; stages read their inputs from here too.
+    dir: str = "runs/${now:%Y%m%d-%H%M%S}"
+    # Rewrite a stage's outputs even though they were made with other options.
+    overwrite: bool = False
+    # Suffix for a stage's output folder, to keep a variant beside the default (e.g. sample-t07).
+    tag: Optional[str] = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    # "embedded" is the tiny model shipped inside the package; anything else is an HF hub id or a
+    # local folder in HF format (a checkpoint written by `rredcot train` is one).
+    path: str = "embedded"
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    # Prepend the tokenizer's chat template to prompts (real instruct models).
+    chat_template: bool = False
+
+
+@dataclass
+class BackendConfig:
+    name: str = "hf"
+    device: str = "auto"
+    # Prompts x samples per generate() call on the HF backend.
+    batch_size: int = 64
+    # vLLM only.
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+
+
+@dataclass
+class BenchmarkConfig:
+    name: str = "chain"
+    # Local JSONL/Parquet file or folder, or an HF hub dataset id (real benchmarks only).
+    path: Optional[str] = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    # Synthetic benchmarks: number of computed steps per problem, drawn uniformly.
+    min_steps: int = 4
+    max_steps: int = 12
+    # Synthetic benchmarks: the seed problems are generated from (split seeds derive from it).
+    data_seed: int = 1234
+    # Seconds the answer verifier may spend on one completion before it counts as unscorable.
+    verify_timeout_s: float = 5.0
+
+
+@dataclass
+class SegmentConfig:
+    name: str = "newline"
+    # fixed: tokens per segment.
+    tokens: int = 32
+    # Segments shorter than this (in tokens) are merged into their neighbour.
+    min_tokens: int = 4
+    max_segments: int = 40
+
+
+@dataclass
+class SamplingConfig:
+    # Completions per prompt (the group size G).
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class SampleConfig:
+    split: str = "test"
+    num_prompts: int = 32
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 30
+    prompts_per_step: int = 8
+    lr: float = 3e-4
+    lr_schedule: str = "constant"  # constant | linear | cosine
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0
+    # Policy updates per sampled batch (mu in GRPO) and completions per update.
+    updates_per_batch: int = 2
+    minibatch_size: int = 32
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    # token-mean | seq-mean-token-mean | constant (divide by max_new_tokens, Dr. GRPO)
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # k1 | k3
+    eval_every: int = 10
+    eval_problems: int = 64
+    eval_samples: int = 4
+    save_every: int = 0  # 0: only the final checkpoint
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"
+    num_problems: int = 128
+    n: int = 8
+    k: List[int] = field(default_factory=lambda: [1, 4, 8])
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 100
+    min_steps: int = 2
+    max_steps: int = 8
+    output: str = "${run.dir}/sft"
+    # Architecture of the model trained from scratch.
+    hidden_size: int = 128
+    num_layers: int = 6
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    # Checked against the chosen method's declared parameters after composition.
+    method: Any = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
+    inputs: Any = field(default_factory=dict)
