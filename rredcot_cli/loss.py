@@ -1,0 +1,104 @@
+"""The clipped-ratio policy-gradient loss shared by every credit method.
+
+Credit methods only decide the per-token advantages; this loss is the same for all of them, so
+a comparison between methods changes one thing at a time.
+
+    ratio_t = exp(logp_t - old_logp_t)
+    L_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t) + kl_coef * KL_t
+
+``clip_low``/``clip_high`` give DAPO's clip-higher when they differ (Yu et al., 2025,
+arXiv 2503.14476). KL_t to a frozen reference uses Schulman's k1 (log ratio) or k3
+(exp(-x) + x - 1 with x = logp - ref_logp, unbiased and non-negative) estimator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "constant")
+KL_ESTIMATORS = ("k1", "k3")
+
+
+@dataclass
+class LossStats:
+    loss: float
+    clip_fraction: float  # fraction of tokens whose ratio was clipped
+    approx_kl_old: float  # mean (old_logp - logp): how far the update moved from the sampler
+    kl_ref: float  # mean KL estimate to the reference (0 without one)
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate on sampled tokens; (B, T) -> (B, T)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar over the positions where ``mask`` is True.
+
+    token-mean          sum over all tokens / number of tokens (DAPO)
+    seq-mean-token-mean mean over sequences of each sequence's token mean (GRPO paper)
+    constant            sum over all tokens / (B * max_tokens) (Dr. GRPO: no length bias)
+    """
+    mask = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-mean":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.mean()
+    if mode == "constant":
+        if not max_tokens:
+            raise ValueError("loss_agg='constant' needs max_tokens (the generation budget)")
+        return (per_token * mask).sum() / (per_token.shape[0] * max_tokens)
+    raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(LOSS_AGGREGATIONS)}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str,
+    max_tokens: int | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+) -> tuple[torch.Tensor, LossStats]:
+    """Clipped surrogate loss. All tensors are (B, T); ``mask`` is True on completion tokens.
+
+    Gradients flow through ``logprobs`` only; old/ref log-probs and advantages are constants.
+    """
+    mask = mask.bool()
+    old_logprobs = old_logprobs.detach()
+    advantages = advantages.detach()
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+
+    kl_ref = torch.zeros((), dtype=logprobs.dtype)
+    if ref_logprobs is not None and kl_coef != 0.0:
+        kl = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)
+        per_token = per_token + kl_coef * kl
+        kl_ref = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
+
+    loss = aggregate(per_token, mask, loss_agg, max_tokens)
+    with torch.no_grad():
+        n_tokens = mask.sum().clamp(min=1)
+        was_clipped = (clipped < unclipped) & mask
+        stats = LossStats(
+            loss=float(loss.detach()),
+            clip_fraction=float(was_clipped.sum() / n_tokens),
+            approx_kl_old=float(((old_logprobs - logprobs.detach()) * mask).sum() / n_tokens),
+            kl_ref=float(kl_ref),
+        )
+    return loss, stats
