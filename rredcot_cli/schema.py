@@ -130,9 +130,9 @@ class SFTConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     warmup_steps: int = 100
+    # Chain lengths of the SFT data: shorter than RL's on purpose, to leave room for RL.
     min_steps: int = 2
     max_steps: int = 8
-    output: str = "${run.dir}/sft"
     # Architecture of the model trained from scratch.
     hidden_size: int = 128
     num_layers: int = 6

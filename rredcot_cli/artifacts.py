@@ -1,0 +1,305 @@
+"""Parquet artifacts: the schemas, and the only code that reads or writes them.
+
+Every stage exchanges data as one Parquet file per artifact kind. Rows of every artifact are
+keyed by ``(prompt_id, sample_idx)``; token lists (``completion_token_ids``,
+``completion_logprobs``, ``token_advantages``) are aligned to the completion's tokens.
+
+- ``write_artifact(kind, columns, path)`` builds a table with exactly the declared schema
+  (casting values, failing on missing or extra columns) and writes it atomically.
+- ``read_artifact(kind, path)`` reads and validates: a missing file, an unreadable file, missing
+  columns or columns of the wrong type raise ``ArtifactError`` with a one-line message. Extra
+  columns are allowed on read.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rredcot_cli.errors import ArtifactError
+from rredcot_cli.runs import atomic_path
+
+
+def _field(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+_KEY = [_field("prompt_id", pa.string()), _field("sample_idx", pa.int32())]
+
+SAMPLES = pa.schema(
+    _KEY
+    + [
+        _field("prompt", pa.string()),
+        _field("prompt_token_ids", pa.list_(pa.int32())),
+        _field("completion", pa.string()),
+        _field("completion_token_ids", pa.list_(pa.int32())),
+        _field("completion_logprobs", pa.list_(pa.float32())),  # aligned to completion_token_ids
+        _field("reward", pa.float32()),  # verified reward; 0 when unscorable
+        _field("scorable", pa.bool_()),  # False when the verifier could not decide
+        _field("gold_answer", pa.string()),
+        _field("pred_answer", pa.string(), nullable=True),  # None: no answer found
+        _field("benchmark", pa.string()),
+        _field("finish_reason", pa.string()),  # "stop" | "length"
+        _field("num_tokens", pa.int32()),
+        _field("meta", pa.string()),  # JSON text (e.g. the chain's steps)
+    ]
+)
+
+SEGMENTS = pa.schema(
+    _KEY
+    + [
+        _field("segment_idx", pa.int32()),
+        _field("token_start", pa.int32()),  # [token_start, token_end) into completion_token_ids
+        _field("token_end", pa.int32()),
+        _field("text", pa.string()),
+        _field("strategy", pa.string()),  # the segmenter's name
+    ]
+)
+
+CREDITS = pa.schema(
+    _KEY
+    + [
+        _field("segment_idx", pa.int32()),
+        _field("method", pa.string()),
+        _field("value", pa.float32(), nullable=True),  # V(S_k) where the method has one
+        _field("credit", pa.float32()),
+    ]
+)
+
+ADVANTAGES = pa.schema(
+    _KEY
+    + [
+        _field("method", pa.string()),
+        _field("token_advantages", pa.list_(pa.float32())),  # aligned to completion_token_ids
+    ]
+)
+
+EVAL = pa.schema(
+    _KEY
+    + [
+        _field("completion", pa.string()),
+        _field("num_tokens", pa.int32()),
+        _field("pred_answer", pa.string(), nullable=True),
+        _field("gold_answer", pa.string()),
+        _field("correct", pa.bool_()),
+        _field("scorable", pa.bool_()),
+        _field("steps", pa.int32(), nullable=True),  # chain length (synthetic benchmarks)
+        _field("benchmark", pa.string()),
+        _field("model", pa.string()),
+    ]
+)
+
+TRAIN_METRICS = pa.schema(
+    [
+        _field("step", pa.int32()),
+        _field("reward_mean", pa.float32()),
+        _field("accuracy", pa.float32()),
+        _field("loss", pa.float32()),
+        _field("kl", pa.float32()),
+        _field("entropy", pa.float32()),
+        _field("clip_fraction", pa.float32()),
+        _field("grad_norm", pa.float32()),
+        _field("lr", pa.float32()),
+        _field("response_tokens_mean", pa.float32()),
+        _field("tokens", pa.int64()),
+        _field("seconds", pa.float32()),
+        _field("eval_accuracy", pa.float32(), nullable=True),  # only on eval steps
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ArtifactSpec:
+    name: str  # the artifact kind, also the key under cfg.inputs
+    file_name: str
+    schema: pa.Schema
+    made_by_stage: str  # the stage whose output folder holds it by default
+
+
+ARTIFACTS: dict[str, ArtifactSpec] = {
+    spec.name: spec
+    for spec in [
+        ArtifactSpec("samples", "samples.parquet", SAMPLES, "sample"),
+        ArtifactSpec("segments", "segments.parquet", SEGMENTS, "segment"),
+        ArtifactSpec("credits", "credits.parquet", CREDITS, "attribute"),
+        ArtifactSpec("advantages", "advantages.parquet", ADVANTAGES, "attribute"),
+        ArtifactSpec("eval", "eval.parquet", EVAL, "eval"),
+        ArtifactSpec("train_metrics", "metrics.parquet", TRAIN_METRICS, "train"),
+    ]
+}
+
+_KIND_METADATA_KEY = b"rredcot.artifact"
+
+
+def get_spec(kind: str) -> ArtifactSpec:
+    """The ``ArtifactSpec`` of ``kind``; ``ValueError`` for an unknown kind (a programming error)."""
+    if kind not in ARTIFACTS:
+        raise ValueError(f"unknown artifact kind {kind!r}; known: {', '.join(ARTIFACTS)}")
+    return ARTIFACTS[kind]
+
+
+def _as_columns(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Column-oriented view of ``data`` (a dict of columns or a list of row dicts)."""
+    if isinstance(data, Mapping):
+        return dict(data)
+    rows = list(data)
+    if not rows:
+        return {name: [] for name in get_spec(kind).schema.names}
+    names = list(rows[0])
+    for i, row in enumerate(rows):
+        if set(row) != set(names):
+            raise ArtifactError(
+                f"{kind}: row {i} has columns {sorted(row)}, but row 0 has {sorted(names)}"
+            )
+    return {name: [row[name] for row in rows] for name in names}
+
+
+def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> pa.Table:
+    """A ``pyarrow.Table`` with exactly the schema of ``kind``, built from columns or rows.
+
+    Values are cast to the declared types (e.g. Python ints to int32, float64 to float32).
+    Raises ``ArtifactError`` on missing or extra columns, uncastable values, unequal column
+    lengths, or nulls in a non-nullable column.
+    """
+    spec = get_spec(kind)
+    columns = _as_columns(kind, data)
+    missing = [name for name in spec.schema.names if name not in columns]
+    extra = [name for name in columns if name not in spec.schema.names]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing columns: {', '.join(missing)}")
+        if extra:
+            parts.append(f"unexpected columns: {', '.join(extra)}")
+        raise ArtifactError(f"cannot write {kind}: {'; '.join(parts)}")
+    arrays = []
+    for field in spec.schema:
+        values = columns[field.name]
+        try:
+            if isinstance(values, (pa.Array, pa.ChunkedArray)):
+                array = values.cast(field.type)
+            else:
+                array = pa.array(values, type=field.type, from_pandas=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as e:
+            raise ArtifactError(f"cannot write {kind}: column {field.name} is not {field.type} ({e})") from e
+        if not field.nullable and array.null_count:
+            raise ArtifactError(f"cannot write {kind}: column {field.name} has {array.null_count} nulls")
+        arrays.append(array)
+    lengths = {len(a) for a in arrays}
+    if len(lengths) > 1:
+        sizes = ", ".join(f"{f.name}={len(a)}" for f, a in zip(spec.schema, arrays))
+        raise ArtifactError(f"cannot write {kind}: columns have different lengths ({sizes})")
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def write_artifact(
+    kind: str, columns: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | Path
+) -> Path:
+    """Write ``columns`` (dict of columns, or list of row dicts) as a ``kind`` artifact at ``path``.
+
+    The file appears atomically: readers see the old file or the complete new one. Returns the path.
+    """
+    path = Path(path)
+    table = build_table(kind, columns)
+    table = table.replace_schema_metadata({_KIND_METADATA_KEY: kind.encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+    return path
+
+
+def read_artifact(kind: str, path: str | Path) -> pa.Table:
+    """Read the ``kind`` artifact at ``path`` and check its columns against the schema.
+
+    Raises ``ArtifactError`` if the file is missing (naming the stage that makes it), is not
+    readable Parquet, lacks columns, has columns of another type, or has nulls where none are
+    allowed. Extra columns are kept.
+    """
+    spec = get_spec(kind)
+    path = Path(path)
+    if not path.exists():
+        raise ArtifactError(
+            f"no {spec.file_name} at {path} (it is made by `rredcot {spec.made_by_stage}`)"
+        )
+    if not path.is_file():
+        raise ArtifactError(f"{path} is not a file; expected a {kind} Parquet file ({spec.file_name})")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ArtifactError(f"{path} is not a readable Parquet file ({e})") from e
+    problems = []
+    for field in spec.schema:
+        if field.name not in table.schema.names:
+            problems.append(f"missing column {field.name} ({field.type})")
+            continue
+        actual = table.schema.field(field.name).type
+        if actual != field.type:
+            problems.append(f"column {field.name} is {actual}, expected {field.type}")
+        elif not field.nullable and table.column(field.name).null_count:
+            problems.append(f"column {field.name} has nulls")
+    if problems:
+        raise ArtifactError(f"{path} is not a valid {kind} artifact: {'; '.join(problems)}")
+    return table
+
+
+def validate_segments_tile(segments: pa.Table, samples: pa.Table) -> None:
+    """Check that the segments of every sample tile its completion exactly.
+
+    For each ``(prompt_id, sample_idx)`` of ``samples`` the segments, ordered by
+    ``segment_idx``, must be numbered 0..K-1 (K >= 1), start at token 0, be contiguous
+    (``token_start == previous token_end``), be non-empty, and end at
+    ``len(completion_token_ids)``. An empty completion is tiled by one segment [0, 0).
+    Segments of unknown samples are errors too. Raises ``ArtifactError`` listing the first
+    violations.
+    """
+    lengths = {
+        (pid, int(idx)): len(ids)
+        for pid, idx, ids in zip(
+            samples.column("prompt_id").to_pylist(),
+            samples.column("sample_idx").to_pylist(),
+            samples.column("completion_token_ids").to_pylist(),
+        )
+    }
+    by_sample: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for pid, idx, seg, start, end in zip(
+        segments.column("prompt_id").to_pylist(),
+        segments.column("sample_idx").to_pylist(),
+        segments.column("segment_idx").to_pylist(),
+        segments.column("token_start").to_pylist(),
+        segments.column("token_end").to_pylist(),
+    ):
+        by_sample[(pid, int(idx))].append((int(seg), int(start), int(end)))
+
+    problems: list[str] = []
+    for key in by_sample.keys() - lengths.keys():
+        problems.append(f"{key}: segments for a sample that is not in samples")
+    for key, length in lengths.items():
+        segs = sorted(by_sample.get(key, []))
+        if not segs:
+            problems.append(f"{key}: no segments")
+            continue
+        if [s[0] for s in segs] != list(range(len(segs))):
+            problems.append(f"{key}: segment_idx is {[s[0] for s in segs]}, expected 0..{len(segs) - 1}")
+            continue
+        if segs[0][1] != 0:
+            problems.append(f"{key}: first segment starts at {segs[0][1]}, not 0")
+        for (k0, _, end0), (k1, start1, _) in zip(segs, segs[1:]):
+            if start1 != end0:
+                problems.append(f"{key}: segment {k1} starts at {start1} but segment {k0} ends at {end0}")
+        if length > 0:
+            for k, start, end in segs:
+                if end <= start:
+                    problems.append(f"{key}: segment {k} is empty or reversed [{start}, {end})")
+        elif len(segs) != 1:
+            problems.append(f"{key}: empty completion must have exactly one segment [0, 0)")
+        if segs[-1][2] != length:
+            problems.append(f"{key}: last segment ends at {segs[-1][2]}, completion has {length} tokens")
+    if problems:
+        shown = "; ".join(sorted(problems)[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ArtifactError(f"segments do not tile the completions: {shown}{more}")

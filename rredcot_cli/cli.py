@@ -1,0 +1,159 @@
+"""The ``rredcot`` command: one subcommand per stage, each taking Hydra overrides.
+
+    rredcot sample run.dir=runs/x experiment=quick
+    rredcot attribute run.dir=runs/x method=dr_grpo
+    rredcot train run.dir=runs/x method=grpo train.lr=1e-4 --cfg   # print the config, run nothing
+
+Each command composes the config (``rredcot_cli.config.compose``), then imports
+``rredcot_cli.stages.<stage>`` and calls ``run(cfg, overrides)``. Mistakes a user can fix
+(``RredcotError``) are printed as one ``error: ...`` line on stderr with exit status 2.
+Importing this module is cheap: no torch, transformers, Hydra or pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Annotated, List, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from rredcot_cli.config import ConfigError, compose, default_options, group_options
+from rredcot_cli.errors import RredcotError, one_line
+
+app = typer.Typer(
+    name="rredcot",
+    help="Segment-level credit assignment for RL of reasoning LMs, stage by stage. "
+    "Each stage reads and writes Parquet artifacts under run.dir (default runs/<timestamp>).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+Overrides = Annotated[
+    Optional[List[str]],
+    typer.Argument(
+        help="Hydra overrides: group=option (method=dr_grpo), key=value (train.lr=1e-4), "
+        "+key=value, experiment=NAME.",
+        show_default=False,
+        metavar="OVERRIDES...",
+    ),
+]
+PrintConfig = Annotated[
+    bool,
+    typer.Option("--cfg", "--print-config", help="Print the resolved config as YAML and exit; run nothing."),
+]
+
+
+def groups_help(plain: bool = False) -> str:
+    """Help text listing the config groups, their options and the default of each.
+
+    ``plain``: for click's own formatter, which rewraps paragraphs unless they start with a
+    ``\\b`` line.
+    """
+    defaults = default_options()
+    groups = []
+    for group, options in group_options().items():
+        shown = [f"{o} (default)" if o == defaults.get(group) else o for o in options]
+        groups.append(f"  {group}: {', '.join(shown)}")
+    return "\n\n".join(
+        [
+            ("\b\n" if plain else "")
+            + "Config groups (choose with group=option):\n"
+            + "\n".join(groups),
+            "Overrides: key=value sets a value (train.steps=5), +key=value adds one, "
+            "experiment=NAME applies a preset last. --cfg prints the composed config.",
+        ]
+    )
+
+
+class StageCommand(TyperCommand):
+    """A stage command whose --help ends with the config groups (read when help is shown)."""
+
+    def format_help(self, ctx, formatter):  # noqa: ANN001 - click's signature
+        if not self.epilog:
+            from typer import core
+
+            self.epilog = groups_help(plain=not core.HAS_RICH or self.rich_markup_mode is None)
+        return super().format_help(ctx, formatter)
+
+
+def _print_config(cfg) -> None:  # noqa: ANN001 - a DictConfig
+    from omegaconf import OmegaConf
+
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.syntax import Syntax
+
+        Console().print(Syntax(text, "yaml", background_color="default", word_wrap=True))
+    else:  # piped: plain YAML that can be saved and diffed
+        sys.stdout.write(text)
+
+
+def run_stage(stage: str, overrides: list[str] | None, print_config: bool = False) -> None:
+    """Compose the config for ``overrides`` and run ``stage`` (or only print the config).
+
+    A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2.
+    """
+    overrides = list(overrides or [])
+    try:
+        cfg = compose(overrides)
+        if print_config:
+            _print_config(cfg)
+            return
+        module_name = f"rredcot_cli.stages.{stage}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            raise ConfigError(f"stage '{stage}' is not available in this installation") from e
+        module.run(cfg, overrides)
+    except RredcotError as e:
+        typer.echo(f"error: {one_line(e)}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def sample(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Sample sampling.n completions for each of sample.num_prompts prompts and verify them -> sample/samples.parquet."""
+    run_stage("sample", overrides, print_config)
+
+
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def segment(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Split each completion into segments (segment=newline|fixed) -> segment/segments.parquet."""
+    run_stage("segment", overrides, print_config)
+
+
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def attribute(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Assign credit to segments with a method -> attribute/<method>/credits.parquet, advantages.parquet."""
+    run_stage("attribute", overrides, print_config)
+
+
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def train(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """RL-train the policy (sample -> segment -> attribute -> update each step) -> train/."""
+    run_stage("train", overrides, print_config)
+
+
+@app.command("eval", cls=StageCommand, context_settings=_CONTEXT)
+def eval_(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Evaluate model.path on the benchmark (pass@k, accuracy by chain length) -> eval/eval.parquet."""
+    run_stage("eval", overrides, print_config)
+
+
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def sft(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Supervised-train the tiny model from scratch on synthetic chains -> sft/."""
+    run_stage("sft", overrides, print_config)
+
+
+def main() -> None:
+    """Entry point of the ``rredcot`` script."""
+    app()

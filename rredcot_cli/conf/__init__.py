@@ -1,0 +1,7 @@
+"""Hydra config tree of rredcot (package data; found with ``initialize_config_module``).
+
+``config.yaml`` is the primary config; each folder is a config group. The typed schema
+``rredcot_cli.schema.Config`` is stored in Hydra's ConfigStore as ``rredcot_schema`` and is the
+first entry of the defaults list, so a misspelled key in any YAML file or override fails at
+compose time.
+"""

@@ -1,0 +1,440 @@
+"""Turn command-line overrides into one validated, resolved config (Hydra Compose API).
+
+``compose(["method=dr_grpo", "train.lr=1e-4"])`` composes ``rredcot_cli/conf/config.yaml``
+(typed by ``rredcot_cli.schema.Config``) with the overrides, checks it, and returns a resolved,
+read-only ``DictConfig``. Every mistake a user can make on the command line becomes a
+``ConfigError`` with a one-line message:
+
+- unknown group option:   unknown option 'method=nonexistent'; valid methods: dr_grpo, grpo
+- unknown key:            unknown key 'train.lrr'; did you mean train.lr? Valid keys under train: ...
+- wrong type:             train.steps=abc: expected an int
+- unknown method param:   unknown key 'method.epz' for method 'grpo'; did you mean method.eps? ...
+
+Overrides follow Hydra: ``group=option``, ``key=value``, ``+key=value`` (add), ``experiment=NAME``
+(also accepted as ``+experiment=NAME``). ``method.<param>=value`` may set any parameter the
+chosen method declares, whether or not its YAML lists it.
+
+Nothing here imports Hydra, OmegaConf or torch at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import re
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from rredcot_cli.errors import RredcotError, one_line
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+CONF_MODULE = "rredcot_cli.conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONFIG_NAME = "config"
+SCHEMA_NAME = "rredcot_schema"  # the ConfigStore entry config.yaml extends
+_OPTIONAL_GROUPS = ("experiment",)  # groups whose default is "none"
+
+
+class ConfigError(RredcotError):
+    """The command line does not describe a valid config; the message is one line."""
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def group_options() -> dict[str, list[str]]:
+    """Each config group (a folder of ``conf/``) and its options (the YAML files in it), sorted."""
+    return {
+        folder.name: sorted(p.stem for p in folder.glob("*.yaml"))
+        for folder in sorted(CONF_DIR.iterdir())
+        if folder.is_dir() and not folder.name.startswith(("_", "."))
+    }
+
+
+def default_options() -> dict[str, str | None]:
+    """The option each group gets when none is chosen (from config.yaml's defaults list)."""
+    import yaml
+
+    defaults = yaml.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()).get("defaults", [])
+    chosen: dict[str, str | None] = {}
+    for entry in defaults:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                chosen[key.replace("optional ", "").strip()] = value
+    return chosen
+
+
+def _plural(group: str) -> str:
+    return group if group.endswith("s") else f"{group}s"
+
+
+def _unknown_option(group: str, option: object) -> ConfigError:
+    valid = group_options().get(group, [])
+    close = difflib.get_close_matches(str(option), valid, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    sep = " Valid" if close else "; valid"
+    return ConfigError(
+        f"unknown option '{group}={option}'{hint}{sep} {_plural(group)}: {', '.join(valid)}"
+    )
+
+
+# --------------------------------------------------------------------------- schema helpers
+
+
+def _schema_fields(tp: Any) -> dict[str, Any] | None:
+    """Field name -> type of a dataclass (None if ``tp`` is not one)."""
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return None
+    return typing.get_type_hints(tp)
+
+
+def _schema_type(dotted: str, root: Any = None) -> Any:
+    """The declared type of ``dotted`` (e.g. "train.steps") in the schema, or None if unknown."""
+    from rredcot_cli.schema import Config
+
+    tp = Config if root is None else root
+    for part in dotted.split(".") if dotted else []:
+        fields = _schema_fields(tp)
+        if fields is None or part not in fields:
+            return None
+        tp = fields[part]
+    return tp
+
+
+def _describe_type(tp: Any) -> str:
+    """'an int', 'a float', 'a list of floats', 'a string or null', ..."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        text = " or ".join(_describe_type(a) for a in rest)
+        return f"{text} or null" if len(rest) < len(args) else text
+    if origin in (list, typing.List, tuple):
+        inner = _describe_type(args[0]) if args else "a value"
+        inner = inner.split(" ", 1)[-1].split(" (")[0]
+        return f"a list of {inner}s"
+    names = {int: "an int", float: "a float", bool: "a bool (true/false)", str: "a string"}
+    if tp in names:
+        return names[tp]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return "a group of keys"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _valid_keys(parent: str) -> list[str]:
+    """The keys allowed directly under ``parent`` ("" for the top level)."""
+    if parent == "inputs":
+        from rredcot_cli.artifacts import ARTIFACTS
+
+        return list(ARTIFACTS)
+    return list(_schema_fields(_schema_type(parent)) or {})
+
+
+def _unknown_key(full_key: str, valid: Sequence[str], parent: str, context: str = "") -> ConfigError:
+    leaf = full_key.rsplit(".", 1)[-1]
+    prefix = f"{parent}." if parent else ""
+    close = difflib.get_close_matches(leaf, list(valid), n=1, cutoff=0.6)
+    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    where = f"under {parent}" if parent else "at the top level"
+    return ConfigError(
+        f"unknown key '{full_key}'{context}{hint}"
+        f"{' Valid' if close else '; valid'} keys {where}: {', '.join(valid)}"
+    )
+
+
+def _override_for(key: str, overrides: Sequence[str]) -> str | None:
+    """The override text that sets ``key`` (with or without + / ++), if any."""
+    for text in overrides:
+        if text.lstrip("+").split("=", 1)[0] == key:
+            return text.lstrip("+")
+    return None
+
+
+def _wrong_type(full_key: str, expected: str, message: str, overrides: Sequence[str]) -> ConfigError:
+    text = _override_for(full_key, overrides)
+    if text is None:
+        got = re.search(r"Value '(.*?)' ", message)
+        text = f"{full_key}={got.group(1)}" if got else full_key
+    not_optional = "is not Optional" in message
+    return ConfigError(f"{text}: expected {expected}{', not null' if not_optional else ''}")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _exception_chain(e: BaseException) -> list[BaseException]:
+    chain = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
+def _translate(e: BaseException, overrides: Sequence[str]) -> ConfigError:
+    """A one-line ``ConfigError`` for an exception raised while Hydra composed the config."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, ConfigAttributeError, ValidationError
+
+    chain = _exception_chain(e)
+    for exc in chain:
+        if isinstance(exc, MissingConfigException):
+            found = re.search(r"Could not find '([^'/]+)/([^']+)'", str(exc))
+            if found:
+                return _unknown_option(found.group(1), found.group(2))
+        if isinstance(exc, OverrideParseException):
+            return _parse_error(str(exc))
+        full_key = getattr(exc, "full_key", None)
+        if isinstance(exc, ValidationError) and full_key:
+            expected = _schema_type(full_key)
+            described = _describe_type(expected) if expected is not None else "another type"
+            return _wrong_type(full_key, described, str(exc), overrides)
+        if isinstance(exc, (ConfigKeyError, ConfigAttributeError)) and full_key:
+            parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+            return _unknown_key(full_key, _valid_keys(parent), parent)
+    return ConfigError(one_line(str(e).split("\nConfig search path")[0]))
+
+
+def _parse_error(message: str) -> ConfigError:
+    found = re.search(r"Error parsing override '(.*?)'\n(.*?)\n", message + "\n")
+    if found:
+        return ConfigError(
+            f"cannot parse override '{found.group(1)}' ({found.group(2)}); "
+            "use group=option, key=value or +key=value"
+        )
+    return ConfigError(one_line(message))
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def _parse_overrides(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """Check the overrides and split them: (overrides for Hydra, ``method.*`` overrides).
+
+    ``method.<param>=v`` overrides are applied after the method's parameters are known.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    groups = group_options()
+    hydra_overrides: list[str] = []
+    method_overrides: list[tuple[str, Any]] = []
+    for text in overrides:
+        if text.startswith("-"):
+            raise ConfigError(f"unknown option '{text}'; overrides look like key=value (e.g. train.steps=3)")
+        try:
+            ov = parser.parse_overrides([text])[0]
+        except OverrideParseException as e:
+            raise _parse_error(str(e)) from e
+        key = ov.key_or_group
+        if ov.is_sweep_override():
+            raise ConfigError(
+                f"'{text}' is a sweep; rredcot runs one config per command: loop in the shell, "
+                "e.g. for lr in 1e-4 3e-4; do rredcot train train.lr=$lr run.tag=lr$lr; done"
+            )
+        if ov.is_delete():
+            raise ConfigError(f"'{text}': deleting keys is not supported; set a value instead")
+        if key == "method.name":
+            raise ConfigError(f"'{text}': choose the method with method=NAME, not method.name")
+        if key.startswith("method."):
+            method_overrides.append((text.lstrip("+"), ov))
+            continue
+        if key in groups and ov.package is None:
+            value = ov.value()
+            if ov.is_add() and key in _OPTIONAL_GROUPS:
+                text = text.lstrip("+")  # +experiment=x means experiment=x here
+            if isinstance(value, str) and value not in groups[key]:
+                raise _unknown_option(key, value)
+        hydra_overrides.append(text)
+    return hydra_overrides, method_overrides
+
+
+def _hydra_compose(overrides: list[str]) -> DictConfig:
+    """Compose config.yaml with Hydra's Compose API (outside any Hydra app state)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rredcot_cli.schema import Config
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    global_hydra = GlobalHydra.instance()
+    previous = global_hydra.hydra  # e.g. inside a @hydra.main sweep entry point
+    global_hydra.clear()
+    try:
+        with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
+            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _translate(e, overrides) from e
+    finally:
+        GlobalHydra.instance().hydra = previous
+
+
+def _check_against_schema(container: dict, tp: Any, prefix: str = "") -> None:
+    """Refuse keys the schema does not declare (e.g. added with +) and keys that were removed."""
+    fields = _schema_fields(tp) or {}
+    for key in container:
+        if key not in fields:
+            parent = prefix.rstrip(".")
+            raise _unknown_key(f"{prefix}{key}", list(fields), parent)
+    for key, field_type in fields.items():
+        if key not in container:
+            raise ConfigError(f"key '{prefix}{key}' is missing from the config")
+        if _schema_fields(field_type) is not None and isinstance(container[key], dict):
+            _check_against_schema(container[key], field_type, f"{prefix}{key}.")
+
+
+def _check_inputs(inputs: Any) -> None:
+    from rredcot_cli.artifacts import ARTIFACTS
+
+    if not isinstance(inputs, dict):
+        raise ConfigError(f"inputs must be a group of paths (inputs.samples=PATH, ...), not {inputs!r}")
+    for key, value in inputs.items():
+        if key not in ARTIFACTS:
+            raise _unknown_key(f"inputs.{key}", list(ARTIFACTS), "inputs")
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"inputs.{key}={value}: expected a path (a string)")
+
+
+def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]]) -> None:
+    """Check ``cfg.method`` against the chosen method's declared parameters, filling defaults.
+
+    Replaces ``cfg.method`` with ``{name, **params}`` where params are the method's dataclass
+    defaults merged with the YAML values and the ``method.*`` overrides.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
+
+    from rredcot_cli.methods import get_method, method_names
+
+    node = OmegaConf.to_container(cfg.method, resolve=False) if cfg.method is not None else None
+    if not isinstance(node, dict) or not node.get("name"):
+        valid = ", ".join(group_options().get("method", []))
+        raise ConfigError(f"no method chosen; pass method=NAME (valid methods: {valid})")
+    name = node.pop("name")
+    try:
+        spec = get_method(name)
+    except KeyError:
+        raise ConfigError(
+            f"method '{name}' has a config but no registered implementation "
+            f"(registered methods: {', '.join(method_names())})"
+        ) from None
+
+    valid_keys = spec.param_names()
+    hints = typing.get_type_hints(spec.params)
+
+    def fail(exc: OmegaConfBaseException, key: str, text: str | None) -> ConfigError:
+        key = getattr(exc, "full_key", None) or key
+        if isinstance(exc, ValidationError):
+            expected = _describe_type(hints[key]) if key in hints else "another type"
+            return _wrong_type(f"method.{key}", expected, str(exc), [text] if text else [])
+        if isinstance(exc, (ConfigKeyError, ConfigAttributeError)):
+            if not valid_keys:
+                return ConfigError(f"unknown key 'method.{key}': method '{name}' takes no parameters")
+            return _unknown_key(f"method.{key}", valid_keys, "method", f" for method '{name}'")
+        return ConfigError(f"method.{key}: {one_line(exc)}")
+
+    params = OmegaConf.structured(spec.params)
+    OmegaConf.set_struct(params, True)
+    for key, value in node.items():
+        try:
+            OmegaConf.update(params, key, value, merge=True)
+        except OmegaConfBaseException as e:
+            raise fail(e, key, None) from e
+    for text, ov in method_overrides:
+        key = ov.key_or_group[len("method."):]
+        try:
+            OmegaConf.update(params, key, ov.value(), merge=True)
+        except OmegaConfBaseException as e:
+            raise fail(e, key, text) from e
+    missing = sorted(OmegaConf.missing_keys(params))
+    if missing:
+        needed = " ".join(f"method.{k}=VALUE" for k in missing)
+        raise ConfigError(f"method '{name}' needs {needed}")
+    values = OmegaConf.to_container(params, resolve=False, enum_to_str=True)
+    cfg.method = {"name": name, **values}
+
+
+def _unresolvable_key(cfg: DictConfig, container: Any, prefix: str = "") -> str | None:
+    """The first key whose interpolation (``${...}``) fails to resolve, for error messages."""
+    from omegaconf import OmegaConf
+
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            found = _unresolvable_key(cfg, value, f"{path}.")
+            if found:
+                return found
+        elif isinstance(value, str) and "${" in value:
+            try:
+                OmegaConf.select(cfg, path, throw_on_resolution_failure=True)
+            except Exception:  # noqa: BLE001 - any failure marks the culprit
+                return path
+    return None
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """The resolved, read-only config for ``overrides`` (Hydra override syntax).
+
+    Steps: check and split the overrides; compose ``config.yaml`` + groups + experiment with
+    Hydra; refuse keys outside the schema; check ``inputs``; check the method's parameters
+    against its registry entry (this imports the method registry, hence torch); resolve
+    interpolations (``run.dir`` defaults to ``runs/<YYYYmmdd-HHMMSS>``, from the ``now``
+    resolver). Raises ``ConfigError`` with a one-line message on any mistake.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rredcot_cli.schema import Config
+
+    overrides = list(overrides)
+    hydra_overrides, method_overrides = _parse_overrides(overrides)
+    cfg = _hydra_compose(hydra_overrides)
+    if not OmegaConf.has_resolver("now"):  # Hydra registers it; keep working if it stops doing so
+        from datetime import datetime
+
+        OmegaConf.register_new_resolver(
+            "now", lambda pattern: datetime.now().strftime(pattern), use_cache=True
+        )
+    container = OmegaConf.to_container(cfg, resolve=False)
+    _check_against_schema(container, Config)
+    _check_inputs(container["inputs"])
+    _resolve_method(cfg, method_overrides)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        key = _unresolvable_key(cfg, OmegaConf.to_container(cfg, resolve=False)) or "the config"
+        raise ConfigError(f"cannot resolve {key}: {one_line(str(e).splitlines()[0])}") from e
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def config_hash(cfg: DictConfig, keys: Sequence[str]) -> str:
+    """First 12 hex chars of the sha256 of the resolved, key-sorted YAML of ``cfg[keys]``.
+
+    Stable across processes and across the order of ``keys``; ``run`` should never be among
+    ``keys`` (``run.dir`` differs between runs).
+    """
+    import yaml
+    from omegaconf import OmegaConf
+
+    missing = [k for k in keys if k not in cfg]
+    if missing:
+        raise KeyError(f"config_hash: no top-level key(s) {', '.join(missing)} in the config")
+    selected = OmegaConf.masked_copy(cfg, sorted(set(keys)))
+    data = OmegaConf.to_container(selected, resolve=True, enum_to_str=True)
+    text = yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
