@@ -1,0 +1,396 @@
+"""Math answer checking with math-verify, under a hard time limit.
+
+``math_equal(gold, pred_text, timeout_s)`` is the one function the real benchmarks (GSM8K,
+MATH-500) call, for both the training reward and the eval metric. It
+
+1. parses the gold answer first, wrapped in ``\\boxed{...}`` unless it already holds a ``\\boxed``
+   or ``$``, with ``LatexExtractionConfig()`` + ``ExprExtractionConfig()``;
+2. parses the prediction with ``LatexExtractionConfig(boxed_match_priority=0)`` +
+   ``ExprExtractionConfig()``; only a bounded piece of the completion is parsed: the last
+   ``\\boxed{...}`` when there is one, otherwise the last ``MAX_PARSE_CHARS`` characters;
+3. calls ``verify(gold, pred)`` in that order (math-verify is asymmetric: the gold guides the
+   interpretation of the prediction).
+
+math-verify's own timeouts use ``signal.alarm``, which only works in the main thread, so they are
+disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and the whole check runs under our
+own deadline instead:
+
+* in the main thread (when no other ``ITIMER_REAL`` timer is armed): ``signal.setitimer`` with a
+  handler raising a private ``BaseException``; this interrupts pure-Python sympy loops, regex
+  backtracking and big-int arithmetic (measured: ``\\boxed{10^{10^{10}}}`` is stopped on time);
+* anywhere else (worker threads, or a timer already armed): the check runs in a helper Python
+  process (a plain subprocess talking over pipes, started once and reused; one per concurrent
+  caller). The helper applies the same SIGALRM deadline in its own main thread, so a timeout
+  normally leaves it warm; if it does not answer within ``timeout_s + 0.5`` s (C code ignoring the
+  alarm) it is killed and a fresh one is started on the next call (about 2 s: importing sympy).
+
+A timeout, or an exception escaping math-verify, gives ``None`` (unscorable); a prediction with
+no parsable answer gives ``False``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import re
+import signal
+import threading
+from typing import Any, Callable
+
+# Characters of a completion handed to the parser when it has no \boxed{...}.
+MAX_PARSE_CHARS = 2000
+# Seconds allowed for a helper process to start (python + import math-verify), not counted in the
+# per-call deadline.
+_WORKER_START_TIMEOUT_S = 120.0
+
+_BOXED = "\\boxed"
+_error_reported = False  # math_equal logs its first internal error only
+_BOXED_OPEN = re.compile(r"\\boxed\s*\{")
+
+
+# --------------------------------------------------------------------------------------------
+# Extraction
+# --------------------------------------------------------------------------------------------
+
+
+def _boxed_span(text: str) -> tuple[int, int, int] | None:
+    """(start of ``\\boxed``, start of content, end of content) of the last balanced ``\\boxed{...}``.
+
+    Escaped braces (``\\{``, ``\\}``) do not count. If the last ``\\boxed`` is not closed (a
+    truncated completion), the one before it is used, and so on. One linear pass over ``text``.
+    """
+    opens = list(_BOXED_OPEN.finditer(text))
+    if not opens:
+        return None
+    closing: dict[int, int] = {}  # index of "{" -> index of its matching "}"
+    stack: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # skip the escaped character (\{, \}, \\ ...)
+            continue
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            closing[stack.pop()] = i
+        i += 1
+    for match in reversed(opens):
+        brace = match.end() - 1
+        if brace in closing:
+            return match.start(), brace + 1, closing[brace]
+    return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (balanced braces, nesting allowed), or None.
+
+    >>> extract_boxed(r"so $x = \\boxed{\\frac{1}{2}}$.")
+    '\\\\frac{1}{2}'
+    """
+    span = _boxed_span(text)
+    if span is None:
+        return None
+    return text[span[1] : span[2]].strip()
+
+
+def _prediction_snippet(pred_text: str, max_chars: int) -> str | None:
+    """The bounded part of a completion handed to the parser; None if the boxed answer is too long."""
+    boxed = extract_boxed(pred_text)
+    if boxed is not None:
+        if len(boxed) > max_chars:
+            return None
+        return "\\boxed{" + boxed + "}"
+    return pred_text[-max_chars:]
+
+
+def _gold_snippet(gold: str) -> str:
+    """The gold answer in a form the LaTeX extractor finds: ``\\boxed{gold}`` unless already marked up."""
+    gold = gold.strip()
+    if _BOXED in gold or "$" in gold.replace("\\$", ""):
+        return gold
+    return "\\boxed{" + gold + "}"
+
+
+# --------------------------------------------------------------------------------------------
+# The check itself (no time limit)
+# --------------------------------------------------------------------------------------------
+
+
+def _math_verify():
+    """Import math-verify lazily and silence its one-off "timeout disabled" warning (we enforce our own)."""
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+def _check(gold: str, pred_text: str, max_chars: int = MAX_PARSE_CHARS) -> bool | None:
+    """math-verify's verdict for ``pred_text`` against ``gold``, without any time limit.
+
+    None when the gold itself cannot be extracted (a broken benchmark row).
+    """
+    mv = _math_verify()
+    gold_parsed = mv.parse(
+        _gold_snippet(gold),
+        extraction_config=[mv.LatexExtractionConfig(), mv.ExprExtractionConfig()],
+        parsing_timeout=None,
+    )
+    if not gold_parsed:
+        return None
+    snippet = _prediction_snippet(pred_text, max_chars)
+    if snippet is None:
+        return False
+    pred_parsed = mv.parse(
+        snippet,
+        extraction_config=[mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()],
+        parsing_timeout=None,
+    )
+    if not pred_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+# --------------------------------------------------------------------------------------------
+# Deadlines
+# --------------------------------------------------------------------------------------------
+
+
+class _Deadline(BaseException):
+    """Raised by our SIGALRM handler; a BaseException so math-verify's ``except Exception`` lets it through."""
+
+
+class _TimedOut:
+    """Sentinel result of a call that ran past its deadline."""
+
+
+TIMED_OUT = _TimedOut()
+
+
+def _raise_deadline(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise _Deadline()
+
+
+def _can_use_signal() -> bool:
+    """True in the main thread of a POSIX process when no other real-time timer is armed."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return False
+    return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def _call_with_signal(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+    """``fn(*args)`` interrupted by SIGALRM after ``timeout_s`` seconds (main thread only)."""
+    previous = signal.signal(signal.SIGALRM, _raise_deadline)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Deadline:
+        return TIMED_OUT
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+# Extra seconds a helper process gets beyond the deadline (it enforces the deadline itself with
+# SIGALRM) before the caller kills it; only matters when C code ignores the alarm.
+_WORKER_GRACE_S = 0.5
+
+_WORKER_BOOT = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from rredcot_cli.verify import _serve; _serve(int(sys.argv[2]), int(sys.argv[3]))"
+)
+
+
+def _serve(read_fd: int, write_fd: int) -> None:
+    """Main loop of a helper process: answer ``(fn, args, timeout_s)`` requests until EOF.
+
+    Each request runs under SIGALRM (this is the helper's main thread), so an ordinary timeout
+    leaves the helper alive and warm; replies are ``("ok", value)``, ``("timeout", None)`` or
+    ``("error", message)``.
+    """
+    from multiprocessing.connection import Connection
+
+    requests = Connection(read_fd, writable=False)
+    replies = Connection(write_fd, readable=False)
+    _math_verify()  # warm up the import before announcing readiness
+    replies.send("ready")
+    while True:
+        try:
+            fn, args, timeout_s = requests.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            value = _call_with_signal(fn, args, timeout_s)
+            reply = ("timeout", None) if value is TIMED_OUT else ("ok", value)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        replies.send(reply)
+
+
+class HelperError(RuntimeError):
+    """``fn`` raised in the helper process; the message is the original ``Type: message``."""
+
+
+class _Worker:
+    """A helper Python process running ``_serve``, talking over two pipes.
+
+    A plain subprocess (not ``multiprocessing``) so that it never re-imports the caller's
+    ``__main__`` and can be started from anywhere, daemonic processes included. It runs in its own
+    session (Ctrl-C in a terminal does not reach it) and exits when its request pipe closes.
+    """
+
+    def __init__(self) -> None:
+        import json
+        import os
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_BOOT, json.dumps(sys.path), str(req_r), str(rep_w)],
+                pass_fds=(req_r, rep_w),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            for fd in (req_r, req_w, rep_r, rep_w):
+                os.close(fd)
+            raise
+        os.close(req_r)
+        os.close(rep_w)
+        self.requests = Connection(req_w, readable=False)
+        self.replies = Connection(rep_r, writable=False)
+        if not self.replies.poll(_WORKER_START_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError("the math-verify helper process did not start")
+        self.replies.recv()  # "ready"
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+        """``fn(*args)`` in the helper; TIMED_OUT after ``timeout_s`` (killing the helper if it
+        does not give up by itself within the grace period)."""
+        self.requests.send((fn, args, timeout_s))
+        if not self.replies.poll(timeout_s + _WORKER_GRACE_S):
+            self.kill()
+            return TIMED_OUT
+        status, value = self.replies.recv()
+        if status == "timeout":
+            return TIMED_OUT
+        if status == "error":
+            raise HelperError(value)
+        return value
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        for conn in (self.requests, self.replies):
+            conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+_pool_lock = threading.Lock()
+_idle_workers: list[_Worker] = []
+_all_workers: list[_Worker] = []
+_atexit_registered = False
+
+
+def _acquire_worker() -> _Worker:
+    global _atexit_registered
+    with _pool_lock:
+        while _idle_workers:
+            worker = _idle_workers.pop()
+            if worker.alive():
+                return worker
+        if not _atexit_registered:
+            atexit.register(shutdown_workers)
+            _atexit_registered = True
+    worker = _Worker()
+    with _pool_lock:
+        _all_workers.append(worker)
+    return worker
+
+
+def _release_worker(worker: _Worker) -> None:
+    with _pool_lock:
+        if worker.alive() and not worker.requests.closed:
+            _idle_workers.append(worker)
+        elif worker in _all_workers:
+            _all_workers.remove(worker)
+
+
+def shutdown_workers() -> None:
+    """Stop every helper process (registered with ``atexit`` when the first one starts)."""
+    with _pool_lock:
+        workers = list(_all_workers)
+        _all_workers.clear()
+        _idle_workers.clear()
+    for worker in workers:
+        worker.kill()
+
+
+def _call_in_worker(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+    """``fn(*args)`` in a pooled helper process (one per concurrent caller), TIMED_OUT after ``timeout_s``."""
+    worker = _acquire_worker()
+    try:
+        return worker.call(fn, args, timeout_s)
+    except HelperError:
+        raise  # the exchange completed; the helper is fine
+    except BaseException:
+        worker.kill()  # a broken or interrupted exchange leaves the pipe out of step
+        raise
+    finally:
+        _release_worker(worker)
+
+
+def call_with_timeout(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+    """Run ``fn(*args)`` with a hard limit of ``timeout_s`` seconds; TIMED_OUT if it is exceeded.
+
+    ``fn`` must be a module-level function (it may be sent to a helper process). Exceptions of
+    ``fn`` propagate (from a helper process as HelperError with the original message).
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if _can_use_signal():
+        return _call_with_signal(fn, args, timeout_s)
+    return _call_in_worker(fn, args, timeout_s)
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------
+
+
+def math_equal(gold: str, pred_text: str, timeout_s: float = 5.0, max_chars: int = MAX_PARSE_CHARS) -> bool | None:
+    """Whether the final answer in ``pred_text`` equals ``gold`` according to math-verify.
+
+    ``gold`` is a bare answer (``"70000"``, ``"\\frac{1}{2}"``, ``"(3,4]"``) or already marked-up
+    text; ``pred_text`` is a whole completion. Only its last ``\\boxed{...}`` is parsed (a boxed
+    answer longer than ``max_chars`` counts as wrong), or, without one, its last ``max_chars``
+    characters. Returns True/False, or None when the check ran past ``timeout_s`` seconds, raised
+    an error, or the gold answer could not be extracted. Safe to call from any thread; returns
+    within ``timeout_s`` (``timeout_s + 0.5`` s off the main thread).
+    """
+    global _error_reported
+    try:
+        result = call_with_timeout(_check, (gold, pred_text, max_chars), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - an internal verifier error makes the sample unscorable
+        if not _error_reported:
+            _error_reported = True
+            logging.getLogger(__name__).warning(
+                "math_equal: answer check failed, sample counted as unscorable (%s: %s); "
+                "further failures are not logged", type(exc).__name__, exc,
+            )
+        return None
+    if result is TIMED_OUT:
+        return None
+    return result
