@@ -43,6 +43,9 @@ class GSM8KBenchmark:
     name = "gsm8k"
     # verl-style math prompt; ``{question}`` is the problem text.
     PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{{}}."
+    # Forced-answer probe for value estimation (RREDCoT answer_probe): the part from {answer} on
+    # is scored after a prefix of the chain of thought.
+    ANSWER_PROBE = "\nThe final answer is $\\boxed{{answer}}$"
     # Config used when ``path`` is an HF hub id without ``:<config>`` (openai/gsm8k has main/socratic).
     HUB_CONFIG = "main"
 

@@ -21,6 +21,9 @@ class MATH500Benchmark:
     name = "math500"
     # verl-style math prompt; ``{question}`` is the problem text.
     PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{{}}."
+    # Forced-answer probe for value estimation (RREDCoT answer_probe): the part from {answer} on
+    # is scored after a prefix of the chain of thought.
+    ANSWER_PROBE = "\nThe final answer is $\\boxed{{answer}}$"
     HUB_CONFIG = None
 
     def __init__(self, path: str | None = None, verify_timeout_s: float = 5.0) -> None:

@@ -1,0 +1,215 @@
+"""RREDCoT: segment-level reward redistribution from the model's own value estimates
+(Ielanskyi, Schweighofer, Aichberger, Hochreiter, 2026; RUDDER, Arjona-Medina et al., 2019).
+
+Segment k of completion i earns the change in the estimated chance of a correct answer:
+
+    r_k = V(S_k) - V(S_{k-1}),  V(S_K) = R (observed reward),  V(S_0) = group mean reward
+    (or the estimator at the empty prefix),  so  sum_k r_k = R - V(S_0)  exactly.
+
+V comes from ``answer_probe`` or ``suffix_is`` (rredcot_cli/values), neither of which generates.
+The paper's advantage rule is not public; the three documented candidates are options
+(rredcot-method.md section 6), with sigma = std of all segment rewards of the group:
+  immediate     A_t = r_k(t) / sigma                       (RUDDER: no reward-to-go needed)
+  reward_to_go  A_t = sum_{j >= k(t)} (r_j - mean) / sigma (DeepSeekMath process supervision)
+  mixed         A_t = A_GRPO + mix_lambda * r_k(t) / sigma (keeps the outcome signal)
+Segment rewards are clipped to [-clip_reward, clip_reward] for the advantage only (0 = off); the
+credits written to artifacts are the unclipped r_k, so the telescoping sum holds for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from rredcot_cli.methods import register
+from rredcot_cli.methods.base import Credit, CreditBatch
+from rredcot_cli.methods.grpo import grpo_advantage
+
+ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
+VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
+
+
+@dataclass
+class RREDCoTParams:
+    value: str = "answer_probe"  # answer_probe | suffix_is
+    advantage: str = "immediate"  # immediate | reward_to_go | mixed
+    mix_lambda: float = 1.0
+    baseline: str = "group_mean"  # V(S_0): group_mean | estimator
+    clip_reward: float = 1.0
+    eps: float = 1e-6
+    # answer_probe: forced-answer template with {answer} (and {eos}); null = the benchmark's.
+    probe_template: Optional[str] = None
+    # suffix_is options (design.md section 4)
+    is_boundaries: str = "matched"  # matched | all
+    is_self_normalised: bool = True
+    is_window: int = 16  # tokens of likelihood ratio; 0 = the whole suffix
+    is_clip: float = 20.0  # max importance weight; 0 = no clipping
+
+
+def segment_rewards(values: torch.Tensor, num_segments: torch.Tensor) -> torch.Tensor:
+    """values (B, S+1) holding V(S_0..S_K) -> r (B, S) with r_k = V_k - V_{k-1}, NaN past K_i."""
+    r = values[:, 1:] - values[:, :-1]
+    exists = torch.arange(r.shape[1])[None, :] < num_segments[:, None]
+    return torch.where(exists, r, torch.full_like(r, float("nan")))
+
+
+def _group_stats(r: torch.Tensor, group_ids: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std (+eps) of the existing segment rewards of each completion's group; (B,) each.
+    A group with a single segment reward gets std 1."""
+    means = torch.zeros(r.shape[0])
+    stds = torch.ones(r.shape[0])
+    for g in group_ids.unique():
+        rows = group_ids == g
+        vals = r[rows][~torch.isnan(r[rows])]
+        if vals.numel():
+            means[rows] = vals.mean()
+        if vals.numel() > 1:
+            stds[rows] = vals.std() + eps
+    return means, stds
+
+
+def redistribute(
+    values: torch.Tensor,
+    batch: CreditBatch,
+    *,
+    advantage: str,
+    mix_lambda: float,
+    clip_reward: float,
+    eps: float,
+) -> Credit:
+    """Segment rewards and token advantages from state values.
+
+    values: (B, S+1), column 0 = V(S_0), column k = V(S_k) for k <= K_i, where V(S_K_i) must be the
+    observed reward; columns past K_i are ignored. Returns Credit with segment_values = V(S_1..S_K),
+    segment_credits = r_k and token advantages per ``advantage``.
+    """
+    if advantage not in ADVANTAGE_RULES:
+        raise ValueError(f"unknown advantage rule {advantage!r}; valid: {', '.join(ADVANTAGE_RULES)}")
+    S = batch.max_segments
+    values = values[:, : S + 1].to(torch.float32)
+    r = segment_rewards(values, batch.num_segments)
+    r_used = r.clamp(-clip_reward, clip_reward) if clip_reward > 0 else r
+    mean, std = _group_stats(r_used, batch.group_ids, eps)
+    if advantage == "immediate":
+        seg_adv = r_used / std[:, None]
+    elif advantage == "reward_to_go":
+        normalised = torch.nan_to_num((r_used - mean[:, None]) / std[:, None], nan=0.0)
+        seg_adv = normalised.flip(1).cumsum(1).flip(1)
+    else:
+        outcome = grpo_advantage(batch.rewards, batch.group_ids, scale_by_std=True, eps=eps)
+        seg_adv = outcome[:, None] + mix_lambda * r_used / std[:, None]
+    seg_adv = torch.nan_to_num(seg_adv, nan=0.0)
+    mask = batch.token_mask
+    index = batch.segment_ids.clamp(min=0)
+    tokens = torch.gather(seg_adv, 1, index) * mask if S else torch.zeros_like(mask, dtype=torch.float32)
+    exists = torch.arange(S)[None, :] < batch.num_segments[:, None]
+    seg_values = torch.where(exists, values[:, 1:], torch.full_like(r, float("nan")))
+    return Credit(token_advantages=tokens.to(torch.float32), segment_values=seg_values, segment_credits=r)
+
+
+def segment_ends(batch: CreditBatch) -> list[list[int]]:
+    """Completion-token offset where each segment ends: (end of S_1, ..., end of S_K)."""
+    ends = []
+    for i in range(batch.segment_ids.shape[0]):
+        ids = batch.segment_ids[i]
+        K = int(batch.num_segments[i])
+        ends.append([int((ids <= k).logical_and(ids >= 0).sum()) for k in range(K)])
+    return ends
+
+
+@register("rredcot", params=RREDCoTParams, needs=("policy",))
+def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
+            clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
+            is_self_normalised: bool, is_window: int, is_clip: float) -> Credit:
+    """Estimate V after every segment boundary with ``value``, then redistribute.
+
+    ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
+    prefixes). ``batch.extras`` must hold ``gold_answers``, ``pred_answers`` and, for
+    answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template).
+    Defaults of the keyword arguments live in ``RREDCoTParams``."""
+    if value not in VALUE_ESTIMATORS:
+        raise ValueError(f"unknown value estimator {value!r}; valid: {', '.join(VALUE_ESTIMATORS)}")
+    if baseline not in ("group_mean", "estimator"):
+        raise ValueError(f"unknown baseline {baseline!r}; valid: group_mean, estimator")
+    B, S = batch.segment_ids.shape[0], batch.max_segments
+    ends = segment_ends(batch)
+    # Prefixes to estimate: S_0 (completion offset 0) when the baseline is the estimator, then
+    # the ends of S_1..S_{K-1}; S_K is the observed reward.
+    offsets = [([0] if baseline == "estimator" else []) + e[:-1] for e in ends]
+    estimates = estimate_values(batch, policy, value, offsets, probe_template=probe_template,
+                                matched=is_boundaries == "matched", window=is_window,
+                                self_normalised=is_self_normalised, clip=is_clip)
+
+    values = torch.full((B, S + 1), float("nan"))
+    group_mean, _ = _group_mean(batch)
+    for i in range(B):
+        K = int(batch.num_segments[i])
+        est = estimates[i]
+        v0 = est[0] if baseline == "estimator" else group_mean[i]
+        inner = est[1:] if baseline == "estimator" else est
+        values[i, 0] = v0
+        values[i, 1:K] = inner
+        values[i, K] = batch.rewards[i]
+        # A prefix the estimator could not score keeps the previous value (zero credit).
+        for k in range(1, K):
+            if torch.isnan(values[i, k]):
+                values[i, k] = values[i, k - 1]
+    return redistribute(values, batch, advantage=advantage, mix_lambda=mix_lambda, clip_reward=clip_reward, eps=eps)
+
+
+def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    from rredcot_cli.methods.grpo import group_mean_std
+
+    return group_mean_std(batch.rewards, batch.group_ids)
+
+
+def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[int]], *, probe_template,
+                    matched: bool, window: int, self_normalised: bool, clip: float) -> list[torch.Tensor]:
+    """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
+    prompts = batch.prompt_token_ids
+    completions = batch.completion_token_ids
+    traces = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    stats = batch.extras.setdefault("value_stats", {}) if batch.extras is not None else None
+    if value == "answer_probe":
+        from rredcot_cli.values.answer_probe import answer_probe_values
+
+        template = probe_template or batch.extras.get("answer_probe")
+        if not template:
+            raise ValueError("answer_probe needs a forced-answer template: set method.probe_template")
+        candidates = answer_candidates(batch, policy.tokenizer, template)
+        prefix_lens = [[len(prompts[i]) + o for o in offs] for i, offs in enumerate(offsets)]
+        return answer_probe_values(policy.model, traces, prefix_lens, candidates, device=policy.device, stats=stats)
+
+    from rredcot_cli.values.suffix_is import suffix_is_values
+
+    if batch.old_logprobs is None:
+        raise ValueError("suffix_is needs the sampling log-probs of the completions (batch.old_logprobs)")
+    sampling = [batch.old_logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)]
+    return suffix_is_values(policy.model, traces, [len(p) for p in prompts], offsets, sampling,
+                            batch.rewards.tolist(), batch.group_ids.tolist(), matched=matched, window=window,
+                            self_normalised=self_normalised, clip=clip, device=policy.device, stats=stats)
+
+
+def answer_candidates(batch: CreditBatch, tokenizer, template: str):
+    """D per trace: the gold answer plus the distinct answers of the group's correct completions,
+    each with utility 1 (0/1 rewards: wrong answers would add nothing to V)."""
+    from rredcot_cli.values.answer_probe import Candidate, probe_tokens
+
+    gold = batch.extras["gold_answers"]
+    preds = batch.extras["pred_answers"]
+    per_group: dict[int, dict[str, float]] = {}
+    for i, g in enumerate(batch.group_ids.tolist()):
+        answers = per_group.setdefault(g, {})
+        answers.setdefault(str(gold[i]).strip(), 1.0)
+        if preds[i] is not None and float(batch.rewards[i]) > 0.5:
+            answers.setdefault(str(preds[i]).strip(), float(batch.rewards[i]))
+    out = []
+    for g in batch.group_ids.tolist():
+        cands = []
+        for answer, utility in per_group[g].items():
+            context, scored = probe_tokens(tokenizer, template, answer)
+            cands.append(Candidate(context=context, answer=scored, utility=utility))
+        out.append(cands)
+    return out

@@ -1,0 +1,73 @@
+"""``answer_probe``: the probability mass the model puts on verified answers if forced to answer
+right after a prefix (RREDCoT's deterministic-support estimator, rredcot-method.md section 4.2).
+
+    V(S_k) = sum_{y in D} pi(y | S_k, probe) * U(y)
+
+D holds the gold answer and the distinct answers the group wrote and the verifier accepted, so
+no generation is needed. Answers outside D that the verifier would accept carry probability the
+estimate misses: its bias is non-positive, as the paper states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rredcot_cli.values.packing import Probe, packed_probe_logprobs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    context: tuple[int, ...]  # probe tokens before the answer (e.g. "Answer: "), not scored
+    answer: tuple[int, ...]  # scored tokens: the answer and whatever closes it (EOS, "}$")
+    utility: float
+
+
+def probe_tokens(tokenizer, template: str, answer: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Split ``template`` at ``{answer}`` into the unscored context and the scored answer part;
+    ``{eos}`` stands for the tokenizer's EOS token."""
+    if "{answer}" not in template:
+        raise ValueError(f"answer probe template {template!r} has no {{answer}} placeholder")
+    head, tail = template.split("{answer}", 1)
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = []
+        for i, part in enumerate(text.split("{eos}")):
+            if i:
+                ids.append(tokenizer.eos_token_id)
+            if part:
+                ids.extend(tokenizer(part, add_special_tokens=False)["input_ids"])
+        return ids
+
+    return tuple(encode(head)), tuple(encode(answer + tail))
+
+
+def answer_probe_values(
+    model: torch.nn.Module,
+    traces: list[list[int]],
+    prefix_lens: list[list[int]],
+    candidates: list[list[Candidate]],
+    *,
+    device: str = "cpu",
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
+    """Values of every listed prefix of every trace.
+
+    traces[i]: prompt + completion token ids; prefix_lens[i]: prefix lengths (in trace tokens)
+    to evaluate; candidates[i]: the answer set D for trace i. Returns, per trace, a float32
+    tensor (len(prefix_lens[i]),).
+    """
+    probes: list[Probe] = []
+    owners: list[tuple[int, int, float]] = []  # (trace, prefix slot, utility)
+    for i, lens in enumerate(prefix_lens):
+        for slot, prefix_len in enumerate(lens):
+            for cand in candidates[i]:
+                probes.append(Probe(trace=i, prefix_len=prefix_len, tokens=cand.context + cand.answer,
+                                    scored_from=len(cand.context)))
+                owners.append((i, slot, cand.utility))
+    logprobs = packed_probe_logprobs(model, traces, probes, device=device, stats=stats)
+    values = [torch.zeros(len(lens)) for lens in prefix_lens]
+    for (i, slot, utility), lp in zip(owners, logprobs):
+        values[i][slot] += float(torch.exp(lp.sum())) * utility
+    return values

@@ -1,0 +1,126 @@
+"""Score many probes that share a trace in one forward pass.
+
+A packed row is ``[trace tokens] + [probe 1] + [probe 2] + ...``. Trace tokens attend causally to
+the trace; probe tokens attend to the first ``prefix_len`` trace tokens and causally to their own
+probe, never to other probes. Position ids of a probe continue from its prefix, so each probe sees
+exactly what it would see if ``trace[:prefix_len] + probe`` were run alone: the prefix is reused
+instead of re-encoded per boundary and cost grows with trace length + total probe length, not
+with trace length x boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Probe:
+    trace: int  # index into the list of traces
+    prefix_len: int  # trace tokens the probe sees (prompt + completion up to a boundary); >= 1
+    tokens: tuple[int, ...]  # probe tokens appended after the prefix
+    scored_from: int = 0  # log-probs are returned for tokens[scored_from:]
+
+
+def _rows(traces: list[list[int]], probes: list[Probe], max_row_tokens: int) -> list[tuple[int, list[int]]]:
+    """Group probe indices into rows: (trace index, probe indices), each row at most
+    ``max_row_tokens`` long unless a single probe alone exceeds it."""
+    by_trace: dict[int, list[int]] = {}
+    for index, probe in enumerate(probes):
+        by_trace.setdefault(probe.trace, []).append(index)
+    rows = []
+    for trace, indices in by_trace.items():
+        current: list[int] = []
+        length = len(traces[trace])
+        for index in indices:
+            n = len(probes[index].tokens)
+            if current and length + n > max_row_tokens:
+                rows.append((trace, current))
+                current, length = [], len(traces[trace])
+            current.append(index)
+            length += n
+        rows.append((trace, current))
+    return rows
+
+
+@torch.no_grad()
+def packed_probe_logprobs(
+    model: torch.nn.Module,
+    traces: list[list[int]],
+    probes: list[Probe],
+    *,
+    device: str = "cpu",
+    max_row_tokens: int = 4096,
+    rows_per_forward: int = 8,
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
+    """Log-probs (temperature 1) of ``probe.tokens[scored_from:]`` after ``trace[:prefix_len]``.
+
+    traces: token ids of prompt + completion; returns one float32 tensor (len(tokens) -
+    scored_from,) per probe, in the order of ``probes``. ``stats["forward_tokens"]`` counts the
+    positions run through the model (padding included).
+    """
+    results: list[torch.Tensor | None] = [None] * len(probes)
+    rows = _rows(traces, probes, max_row_tokens)
+    neg = torch.finfo(torch.float32).min
+    for start in range(0, len(rows), rows_per_forward):
+        chunk = rows[start : start + rows_per_forward]
+        lengths = [len(traces[t]) + sum(len(probes[i].tokens) for i in idx) for t, idx in chunk]
+        N = max(lengths)
+        input_ids = torch.zeros(len(chunk), N, dtype=torch.long)
+        positions = torch.zeros(len(chunk), N, dtype=torch.long)
+        allowed = torch.zeros(len(chunk), N, N, dtype=torch.bool)
+        # where each probe's first token sits in its row, and where its predictions come from
+        layout: list[tuple[int, int, int]] = []  # (row, probe offset in row, probe index)
+        for r, (trace, indices) in enumerate(chunk):
+            base = traces[trace]
+            L = len(base)
+            input_ids[r, :L] = torch.tensor(base)
+            positions[r, :L] = torch.arange(L)
+            allowed[r, :L, :L] = torch.tril(torch.ones(L, L, dtype=torch.bool))
+            offset = L
+            for index in indices:
+                probe = probes[index]
+                n = len(probe.tokens)
+                if not 1 <= probe.prefix_len <= L:
+                    raise ValueError(f"probe prefix_len {probe.prefix_len} outside trace of length {L}")
+                input_ids[r, offset : offset + n] = torch.tensor(probe.tokens)
+                positions[r, offset : offset + n] = torch.arange(probe.prefix_len, probe.prefix_len + n)
+                allowed[r, offset : offset + n, : probe.prefix_len] = True
+                allowed[r, offset : offset + n, offset : offset + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+                layout.append((r, offset, index))
+                offset += n
+            # Padding attends to itself only, so no row of the mask is empty (avoids NaNs).
+            pad = torch.arange(offset, N)
+            allowed[r, pad, pad] = True
+        mask = torch.where(allowed, 0.0, neg)[:, None].to(device)
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask, position_ids=positions.to(device)).logits
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if stats is not None:
+            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(chunk) * N
+        for r, offset, index in layout:
+            probe = probes[index]
+            n = len(probe.tokens)
+            # The prediction of probe token j comes from the position before it: the prefix's
+            # last trace token for j = 0, probe token j - 1 otherwise.
+            sources = torch.tensor([probe.prefix_len - 1] + list(range(offset, offset + n - 1)))
+            targets = torch.tensor(probe.tokens)
+            token_logprobs = logprobs[r, sources.to(logprobs.device), targets.to(logprobs.device)]
+            results[index] = token_logprobs[probe.scored_from :].float().cpu()
+    return results  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def unpacked_probe_logprobs(model: torch.nn.Module, traces: list[list[int]], probes: list[Probe], device: str = "cpu") -> list[torch.Tensor]:
+    """Reference implementation: run ``trace[:prefix_len] + probe`` from scratch for every probe.
+    O(prefix x probes); used by tests to check the packed path."""
+    out = []
+    for probe in probes:
+        ids = list(traces[probe.trace][: probe.prefix_len]) + list(probe.tokens)
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        n = len(probe.tokens)
+        rows = torch.arange(probe.prefix_len - 1, probe.prefix_len - 1 + n)
+        out.append(logprobs[rows, torch.tensor(probe.tokens)][probe.scored_from :].cpu())
+    return out

@@ -1,0 +1,90 @@
+"""``suffix_is``: importance sampling over continuations the group already sampled
+(RREDCoT's IS estimator, rredcot-method.md section 4.2; design.md section 4).
+
+A suffix y of trace j, cut at its boundary m, was drawn from q = pi_old(. | S_j,m). Re-scored after
+the prefix S_i,k of trace i, it estimates
+
+    V(S_i,k) ~= sum_y w(y) R_j / N            (plain)   or   sum_y w(y) R_j / sum_y w(y)   (self-normalised)
+    w(y) = exp(log pi(y | S_i,k) - log q(y))  over the first ``window`` tokens of y (all if 0)
+
+Deviations, all options: the lookahead window truncates the likelihood ratio to bound cost and
+variance (the utility stays the full trace's reward); weights are clipped at ``clip`` (0 = off);
+``matched`` uses only suffixes cut at the same segment index k, ``all`` every boundary of every
+trace in the group. Everything is computed in log space until the final normalisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rredcot_cli.values.packing import Probe, packed_probe_logprobs
+
+
+def suffix_is_values(
+    model: torch.nn.Module,
+    traces: list[list[int]],
+    prompt_lens: list[int],
+    boundaries: list[list[int]],
+    sampling_logprobs: list[list[float]],
+    rewards: list[float],
+    groups: list[int],
+    *,
+    matched: bool,
+    window: int,
+    self_normalised: bool,
+    clip: float,
+    device: str = "cpu",
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
+    """Value of trace i after each of its boundaries.
+
+    boundaries[i]: completion-token offsets b_i,0 < ... (S_i,k = prompt + completion[:b_i,k]);
+    sampling_logprobs[i]: log q of each completion token as sampled. Returns per trace a float32
+    tensor (len(boundaries[i]),); a prefix with no usable suffix gets NaN.
+    """
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+
+    def suffixes(j: int, k: int) -> list[tuple[int, ...]]:
+        """(start, end) of the suffixes of trace j usable for slot k."""
+        slots = [k] if matched else range(len(boundaries[j]))
+        completion_len = len(traces[j]) - prompt_lens[j]
+        out = []
+        for m in slots:
+            if m >= len(boundaries[j]):
+                continue
+            start = boundaries[j][m]
+            end = completion_len if window <= 0 else min(completion_len, start + window)
+            if end > start:
+                out.append((start, end))
+        return out
+
+    probes: list[Probe] = []
+    owners: list[tuple[int, int, float, float]] = []  # (trace, slot, log q, reward)
+    for i, bounds in enumerate(boundaries):
+        for k, b in enumerate(bounds):
+            for j in members[groups[i]]:
+                completion = traces[j][prompt_lens[j]:]
+                for start, end in suffixes(j, k):
+                    probes.append(Probe(trace=i, prefix_len=prompt_lens[i] + b, tokens=tuple(completion[start:end])))
+                    owners.append((i, k, float(sum(sampling_logprobs[j][start:end])), float(rewards[j])))
+    logprobs = packed_probe_logprobs(model, traces, probes, device=device, stats=stats)
+
+    log_w: dict[tuple[int, int], list[float]] = {}
+    utilities: dict[tuple[int, int], list[float]] = {}
+    for (i, k, log_q, reward), lp in zip(owners, logprobs):
+        log_w.setdefault((i, k), []).append(float(lp.sum()) - log_q)
+        utilities.setdefault((i, k), []).append(reward)
+    values = [torch.full((len(bounds),), float("nan")) for bounds in boundaries]
+    for (i, k), lw in log_w.items():
+        lw_t = torch.tensor(lw, dtype=torch.float64)
+        if clip > 0:
+            lw_t = torch.clamp(lw_t, max=float(torch.log(torch.tensor(clip, dtype=torch.float64))))
+        u = torch.tensor(utilities[(i, k)], dtype=torch.float64)
+        if self_normalised:
+            weights = torch.softmax(lw_t, dim=0)  # w / sum(w), stable in log space
+            values[i][k] = float((weights * u).sum())
+        else:
+            values[i][k] = float((torch.exp(lw_t) * u).mean())
+    return values

@@ -1,0 +1,114 @@
+"""RREDCoT: redistribution invariants, a hand-computed case, and the packed-probe scorer."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot_cli.methods.base import CreditBatch
+from rredcot_cli.methods.rredcot import redistribute, segment_ends
+from rredcot_cli.values.packing import Probe, packed_probe_logprobs, unpacked_probe_logprobs
+
+
+def batch_from_segments(rewards, groups, seg_lengths):
+    """seg_lengths[i] = token counts of completion i's segments."""
+    T = max(sum(s) for s in seg_lengths)
+    ids = torch.full((len(rewards), T), -1, dtype=torch.long)
+    for i, lengths in enumerate(seg_lengths):
+        t = 0
+        for k, n in enumerate(lengths):
+            ids[i, t : t + n] = k
+            t += n
+    return CreditBatch(rewards=torch.tensor(rewards, dtype=torch.float32), group_ids=torch.tensor(groups),
+                       segment_ids=ids, num_segments=torch.tensor([len(s) for s in seg_lengths]))
+
+
+def values_tensor(rows, S):
+    v = torch.full((len(rows), S + 1), float("nan"))
+    for i, row in enumerate(rows):
+        v[i, : len(row)] = torch.tensor(row)
+    return v
+
+
+def test_hand_computed_immediate():
+    # Two completions of one prompt. Values V0..VK (V0 = group mean 0.5, VK = reward).
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1, 3], [1, 2]])
+    values = values_tensor([[0.5, 0.6, 0.9, 1.0], [0.5, 0.2, 0.0]], 3)
+    credit = redistribute(values, batch, advantage="immediate", mix_lambda=1.0, clip_reward=0.0, eps=0.0)
+    r = [[0.1, 0.3, 0.1], [-0.3, -0.2]]
+    assert torch.allclose(credit.segment_credits[0], torch.tensor(r[0]), atol=1e-6)
+    assert torch.allclose(credit.segment_credits[1, :2], torch.tensor(r[1]), atol=1e-6)
+    assert torch.isnan(credit.segment_credits[1, 2])
+    sigma = torch.tensor([0.1, 0.3, 0.1, -0.3, -0.2]).std().item()
+    expected0 = [0.1 / sigma] * 2 + [0.3 / sigma] + [0.1 / sigma] * 3
+    assert torch.allclose(credit.token_advantages[0], torch.tensor(expected0), atol=1e-5)
+    assert torch.allclose(credit.token_advantages[1, :3], torch.tensor([-0.3, -0.2, -0.2]) / sigma, atol=1e-5)
+    assert torch.all(credit.token_advantages[1, 3:] == 0)  # padding gets exactly 0
+    assert torch.allclose(credit.segment_values[0], torch.tensor([0.6, 0.9, 1.0]))
+
+
+def test_hand_computed_reward_to_go_and_mixed():
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[1, 1], [1, 1]])
+    values = values_tensor([[0.5, 0.5, 1.0], [0.5, 0.25, 0.0]], 2)
+    rtg = redistribute(values, batch, advantage="reward_to_go", mix_lambda=1.0, clip_reward=0.0, eps=0.0)
+    r = torch.tensor([0.0, 0.5, -0.25, -0.25])
+    norm = (r - r.mean()) / r.std()
+    assert torch.allclose(rtg.token_advantages[0], torch.tensor([norm[0] + norm[1], norm[1]]), atol=1e-5)
+    mixed = redistribute(values, batch, advantage="mixed", mix_lambda=0.5, clip_reward=0.0, eps=0.0)
+    grpo = 0.5 / math.sqrt(0.5)
+    assert torch.allclose(mixed.token_advantages[1], torch.tensor([-grpo, -grpo]) + 0.5 * torch.tensor([-0.25, -0.25]) / r.std(), atol=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(1, 6), rule=st.sampled_from(["immediate", "reward_to_go", "mixed"]))
+def test_telescoping_invariant(data, n, rule):
+    seg_lengths = [data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6)) for _ in range(n)]
+    rewards = [float(data.draw(st.integers(0, 1))) for _ in range(n)]
+    batch = batch_from_segments(rewards, [0] * n, seg_lengths)
+    rows = []
+    for i, lengths in enumerate(seg_lengths):
+        inner = [data.draw(st.floats(0, 1)) for _ in range(len(lengths) - 1)]
+        v0 = data.draw(st.floats(0, 1))
+        rows.append([v0, *inner, rewards[i]])
+    credit = redistribute(values_tensor(rows, max(len(s) for s in seg_lengths)), batch, advantage=rule,
+                          mix_lambda=1.0, clip_reward=0.0, eps=1e-6)
+    for i, row in enumerate(rows):
+        total = torch.nansum(credit.segment_credits[i]).item()
+        assert total == pytest.approx(rewards[i] - row[0], abs=1e-5)
+    assert torch.all(credit.token_advantages[~batch.token_mask] == 0)
+    assert torch.isfinite(credit.token_advantages).all()
+
+
+def test_segment_ends():
+    batch = batch_from_segments([1.0], [0], [[2, 3, 1]])
+    assert segment_ends(batch) == [[2, 5, 6]]
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_packed_probes_match_scoring_each_prefix_from_scratch(random_model):
+    g = torch.Generator().manual_seed(1)
+    traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (30, 17, 45)]
+    probes = []
+    for t, trace in enumerate(traces):
+        for prefix in range(1, len(trace) + 1, 7):
+            tokens = tuple(torch.randint(0, 40, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist())
+            probes.append(Probe(trace=t, prefix_len=prefix, tokens=tokens, scored_from=min(1, len(tokens) - 1)))
+    stats = {}
+    packed = packed_probe_logprobs(random_model, traces, probes, max_row_tokens=60, rows_per_forward=2, stats=stats)
+    reference = unpacked_probe_logprobs(random_model, traces, probes)
+    for a, b in zip(packed, reference):
+        assert torch.allclose(a, b, atol=1e-5)
+    # The trace is encoded once per row, not once per probe.
+    naive_tokens = sum(p.prefix_len + len(p.tokens) for p in probes)
+    assert stats["forward_tokens"] < naive_tokens
