@@ -64,12 +64,33 @@ class BenchmarkConfig:
 
 @dataclass
 class SegmentConfig:
+    # The rule (rredcot_cli.segmenters): fixed | newline | keyword | entropy | hybrid.
     name: str = "newline"
     # fixed: tokens per segment.
     tokens: int = 32
-    # Segments shorter than this (in tokens) are merged into their neighbour.
+    # Segments shorter than this (in tokens) are merged into their neighbour (entropy, hybrid:
+    # a boundary that would leave one is skipped).
     min_tokens: int = 4
+    # At most this many segments per completion; extra boundaries are merged away (entropy,
+    # hybrid: the lowest-entropy ones).
     max_segments: int = 40
+    # keyword, hybrid: discourse markers that start a new segment (case-sensitive, whole words),
+    # where they begin a line or follow a sentence end. Same list as segmenters.DEFAULT_KEYWORDS.
+    keywords: List[str] = field(
+        default_factory=lambda: [
+            "Wait", "Alternatively", "Let me", "So", "Therefore", "Thus", "But", "Hmm", "Now",
+            "Next", "First", "Then", "Finally", "Hence", "However", "Actually", "Check", "Answer",
+        ]  # fmt: skip
+    )
+    # keyword, hybrid: also split at a keyword in the middle of a sentence.
+    keyword_anywhere: bool = False
+    # entropy: split at the tokens in this top quantile of the completion's next-token entropies
+    # (0.9 = the top 10% of its tokens).
+    entropy_quantile: float = 0.9
+    # entropy: if set, split at every token whose entropy (nats) exceeds this instead.
+    entropy_threshold: Optional[float] = None
+    # hybrid: a keyword-free segment longer than this (tokens) is cut at its highest-entropy tokens.
+    hybrid_max_span: int = 64
 
 
 @dataclass
@@ -142,6 +163,20 @@ class SFTConfig:
 
 
 @dataclass
+class HeatmapConfig:
+    # Completions to render (one card / figure row each).
+    samples: int = 8
+    # mixed (half correct, half incorrect, prompts with mixed groups first) | incorrect | correct | first
+    select: str = "mixed"
+    # Only these prompts (in this order); the selection rule then picks among their completions.
+    prompt_ids: Optional[List[str]] = None
+    # Only this sample index of each prompt.
+    sample_idx: Optional[int] = None
+    # What colours the HTML tokens: advantage (token advantage) | credit (the segment's credit).
+    color_by: str = "advantage"
+
+
+@dataclass
 class Config:
     seed: int = 0
     run: RunConfig = field(default_factory=RunConfig)
@@ -156,5 +191,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
     # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
     inputs: Any = field(default_factory=dict)
