@@ -154,6 +154,12 @@ def sft(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
     run_stage("sft", overrides, print_config)
 
 
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def heatmap(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Render chosen completions coloured by credit (HTML page + PNG) -> heatmap/<method>/."""
+    run_stage("heatmap", overrides, print_config)
+
+
 def main() -> None:
     """Entry point of the ``rredcot`` script."""
     app()

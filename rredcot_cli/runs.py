@@ -6,7 +6,7 @@ Layout of a run folder (``run.dir``, default ``runs/<YYYYmmdd-HHMMSS>``)::
       sample[-<tag>]/               samples.parquet
       segment[-<tag>]/              segments.parquet
       attribute[-<tag>]/<method>/   credits.parquet, advantages.parquet
-      train[-<tag>]/                train_metrics.parquet, checkpoints
+      train[-<tag>]/                metrics.parquet, eval.parquet, summary.json, checkpoints/
       eval[-<tag>]/                 eval.parquet
       sft[-<tag>]/                  the SFT'd tiny model
 
@@ -329,6 +329,9 @@ def begin_stage(
                 )
                 return None
             # Same options, but the last attempt did not finish: run it again.
+        elif old.get("status") != "complete":
+            # An attempt that died holds nothing finished; replace it, but say so.
+            print(f"{folder}: replacing an unfinished earlier attempt made with other options.", file=sys.stderr)
         else:
             differing = _differing_keys(folder, cfg, keys)
             old_inputs = {k: v.get("sha256") for k, v in (old.get("inputs") or {}).items()}
@@ -337,9 +340,8 @@ def begin_stage(
             if old_inputs != new_inputs:
                 what.append("inputs")
             detail = f" (differs in: {', '.join(what)})" if what else ""
-            held = f"{stage} outputs" if old.get("status") == "complete" else f"an unfinished {stage} attempt"
             raise RunError(
-                f"{folder} holds {held} made with other options{detail}; "
+                f"{folder} holds {stage} outputs made with other options{detail}; "
                 "pass run.tag=NAME to keep both, or run.overwrite=true to replace them"
             )
 

@@ -40,6 +40,9 @@ class BackendConfig:
     device: str = "auto"
     # Prompts x samples per generate() call on the HF backend.
     batch_size: int = 64
+    # CPU threads for torch (0 = torch's default). Tiny models run fastest on one thread:
+    # their matrices are too small to split, and spinning threads fight over the cores.
+    num_threads: int = 1
     # vLLM only.
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1

@@ -44,6 +44,24 @@ def _rows(traces: list[list[int]], probes: list[Probe], max_row_tokens: int) -> 
     return rows
 
 
+def _forward_chunks(rows, traces, probes, rows_per_forward: int, max_mask_elements: int):
+    """Consecutive groups of rows for one forward each, bounded in count and in the size of
+    their (rows, N, N) attention mask."""
+    chunk: list = []
+    widest = 0
+    for row in rows:
+        trace, indices = row
+        n = len(traces[trace]) + sum(len(probes[i].tokens) for i in indices)
+        wider = max(widest, n)
+        if chunk and (len(chunk) >= rows_per_forward or (len(chunk) + 1) * wider * wider > max_mask_elements):
+            yield chunk
+            chunk, wider = [], n
+        chunk.append(row)
+        widest = wider
+    if chunk:
+        yield chunk
+
+
 @torch.no_grad()
 def packed_probe_logprobs(
     model: torch.nn.Module,
@@ -51,8 +69,9 @@ def packed_probe_logprobs(
     probes: list[Probe],
     *,
     device: str = "cpu",
-    max_row_tokens: int = 4096,
+    max_row_tokens: int = 2048,
     rows_per_forward: int = 8,
+    max_mask_elements: int = 2**26,
     stats: dict | None = None,
 ) -> list[torch.Tensor]:
     """Log-probs (temperature 1) of ``probe.tokens[scored_from:]`` after ``trace[:prefix_len]``.
@@ -62,10 +81,11 @@ def packed_probe_logprobs(
     positions run through the model (padding included).
     """
     results: list[torch.Tensor | None] = [None] * len(probes)
-    rows = _rows(traces, probes, max_row_tokens)
+    # A row re-encodes its trace, so rows are allowed to grow to a few trace lengths.
+    longest = max((len(t) for t in traces), default=0)
+    rows = _rows(traces, probes, max(max_row_tokens, 4 * longest))
     neg = torch.finfo(torch.float32).min
-    for start in range(0, len(rows), rows_per_forward):
-        chunk = rows[start : start + rows_per_forward]
+    for chunk in _forward_chunks(rows, traces, probes, rows_per_forward, max_mask_elements):
         lengths = [len(traces[t]) + sum(len(probes[i].tokens) for i in idx) for t, idx in chunk]
         N = max(lengths)
         input_ids = torch.zeros(len(chunk), N, dtype=torch.long)

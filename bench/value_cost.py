@@ -1,0 +1,136 @@
+"""What RREDCoT's value estimation costs next to sampling, and where its credit lands.
+
+On one saved batch per chain length (the embedded tiny model on the synthetic chain task):
+  - wall time and generated tokens of sampling the batch (the `sample` stage's work),
+  - wall time and forward tokens of `attribute method=rredcot` for each value estimator,
+  - how often the most negative segment credit of an incorrect completion contains its first
+    wrong step (chance level: 1 / number of segments, averaged), per estimator.
+
+    python bench/value_cost.py --out docs/bench/value_cost.json
+
+Everything runs in one process with fixed seeds; timings are medians over --repeats runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rredcot_cli.benchmarks import make_benchmark
+from rredcot_cli.methods import get_method
+from rredcot_cli.methods.rredcot import RREDCoTParams
+from rredcot_cli.rollout import attribute, credit_batch, load_policy, sample_rows, segment_rows
+from rredcot_cli.segmenters import get_segmenter
+
+ESTIMATORS = {
+    "answer_probe": {"value": "answer_probe"},
+    "suffix_is": {"value": "suffix_is"},
+}
+
+
+def first_error_hits(samples, segments, credit, batch, benchmark, problems_by_id, tokenizer):
+    """(hits, incorrect completions with a known first wrong step, summed chance level)."""
+    from rredcot_cli.rollout import token_texts
+
+    hits = total = 0
+    chance = 0.0
+    for i, sample in enumerate(samples):
+        if sample["reward"] > 0.5:
+            continue
+        problem = problems_by_id[sample["prompt_id"]]
+        wrong = benchmark.first_wrong_step(sample["completion"], problem)
+        spans = benchmark.step_char_spans(sample["completion"])
+        if wrong is None or wrong >= len(spans):
+            continue
+        char_start = spans[wrong][0]
+        # token index of that character
+        texts = token_texts(tokenizer, sample["completion_token_ids"])
+        offset, token = 0, len(texts) - 1
+        for t, text in enumerate(texts):
+            if offset + len(text) > char_start:
+                token = t
+                break
+            offset += len(text)
+        segment = int(batch.segment_ids[i, token])
+        K = int(batch.num_segments[i])
+        credits = credit.segment_credits[i, :K]
+        total += 1
+        chance += 1.0 / K
+        hits += int(int(torch.argmin(credits)) == segment)
+    return hits, total, chance
+
+
+def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: int, max_new_tokens: int,
+        repeats: int, seed: int, policy, results: list) -> None:
+    benchmark = make_benchmark("chain", min_steps=steps, max_steps=steps, data_seed=1234)
+    problems = benchmark.load("test", limit=prompts)
+    by_id = {p.prompt_id: p for p in problems}
+    sample_times = []
+    for r in range(repeats):
+        started = time.perf_counter()
+        samples = sample_rows(policy, benchmark, problems, n=n, max_new_tokens=max_new_tokens, temperature=1.0,
+                              top_p=1.0, seed=seed, prompts_per_call=max(1, 64 // n))
+        sample_times.append(time.perf_counter() - started)
+    generated = sum(s["num_tokens"] for s in samples)
+    segments = segment_rows(samples, policy.tokenizer, get_segmenter(segment_rule), segment_rule, **segment_kwargs)
+    spec = get_method("rredcot")
+    row_base = {"steps": steps, "segment": segment_rule, "completions": len(samples),
+                "mean_tokens": generated / len(samples), "accuracy": sum(s["reward"] for s in samples) / len(samples),
+                "segments_per_completion": len(segments) / len(samples),
+                "sample_seconds": statistics.median(sample_times), "generated_tokens": generated}
+    for name, overrides in ESTIMATORS.items():
+        params = {**RREDCoTParams().__dict__, **overrides}
+        times = []
+        for r in range(repeats):
+            batch = credit_batch(samples, segments, answer_probe=benchmark.ANSWER_PROBE)
+            started = time.perf_counter()
+            credit = attribute(spec, batch, params, {"policy": policy})
+            times.append(time.perf_counter() - started)
+        hits, total, chance = first_error_hits(samples, segments, credit, batch, benchmark, by_id, policy.tokenizer)
+        row = {**row_base, "estimator": name, "attribute_seconds": statistics.median(times),
+               "forward_tokens": batch.extras["value_stats"].get("forward_tokens", 0),
+               "overhead_vs_sampling": statistics.median(times) / row_base["sample_seconds"],
+               "incorrect_with_known_error": total, "first_error_hits": hits,
+               "first_error_rate": hits / total if total else None, "chance_rate": chance / total if total else None}
+        results.append(row)
+        print(json.dumps(row))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="docs/bench/value_cost.json")
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    policy = load_policy(model_path=args.model, dtype="float32", trust_remote_code=False, chat_template=False,
+                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
+                         tensor_parallel_size=1, enforce_eager=False, seed=args.seed)
+    results: list[dict] = []
+    # Default settings (newline segments, at most 40) at short and long chains.
+    for steps, max_new in [(8, 128), (80, 640)]:
+        run(steps, "newline", {"tokens": 32, "min_tokens": 4, "max_segments": 40}, args.prompts, args.n, max_new,
+            args.repeats, args.seed, policy, results)
+    # Fixed segment density (one segment per 24 tokens, no cap): does cost double with length?
+    for steps, max_new in [(40, 400), (80, 640)]:
+        run(steps, "fixed", {"tokens": 24, "min_tokens": 1, "max_segments": 10_000}, args.prompts, args.n, max_new,
+            args.repeats, args.seed, policy, results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    machine = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
+               "threads": torch.get_num_threads()}
+    out.write_text(json.dumps({"args": vars(args), "machine": machine, "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

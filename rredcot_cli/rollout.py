@@ -1,0 +1,320 @@
+"""The steps every stage shares: sample and verify, segment, attribute, evaluate.
+
+The CLI stages call one of these each and write its artifact; the training loop calls them in
+sequence every step, in process. They take explicit arguments and return plain rows (dicts
+with the artifact columns), so a saved artifact and an in-memory batch are the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from rredcot_cli.backends.base import SamplingParams
+from rredcot_cli.benchmarks.base import Benchmark, Problem
+from rredcot_cli.methods import MethodSpec
+from rredcot_cli.methods.base import Credit, CreditBatch
+from rredcot_cli.runs import derive_seed
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass
+class Policy:
+    """The model being sampled/trained, its tokenizer and the backend that generates from it."""
+
+    model: Any
+    tokenizer: Any
+    backend: Any
+    device: str
+    chat_template: bool
+
+
+def load_policy(
+    *,
+    model_path: str,
+    dtype: str,
+    trust_remote_code: bool,
+    chat_template: bool,
+    backend: str,
+    device: str,
+    batch_size: int,
+    gpu_memory_utilization: float,
+    tensor_parallel_size: int,
+    enforce_eager: bool,
+    seed: int,
+) -> Policy:
+    """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
+    generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
+    gets trained and scored, and its weights are pushed to vLLM after every update."""
+    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+
+    from rredcot_cli.errors import RredcotError
+
+    device = resolve_device(device)
+    path = resolve_model_path(model_path)
+    try:
+        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RredcotError(f"cannot load model.path={model_path}: {first_line} (pass a local HF model folder, "
+                           f"a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id)") from error
+    if backend == "hf":
+        from rredcot_cli.backends.hf import HFBackend
+
+        engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device)
+    elif backend == "vllm":
+        from rredcot_cli.backends.vllm import VLLMBackend
+
+        engine = VLLMBackend(
+            path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+        )
+    else:
+        raise ValueError(f"unknown backend {backend!r}; valid: hf, vllm")
+    return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
+
+
+def format_prompt(tokenizer: Any, text: str, chat_template: bool) -> str:
+    """The benchmark's prompt, wrapped in the model's chat template for instruct models."""
+    if not chat_template:
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+
+def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
+    for index, start in enumerate(range(0, len(items), max(1, size))):
+        yield index, items[start : start + size]
+
+
+def sample_rows(
+    policy: Policy,
+    benchmark: Benchmark,
+    problems: list[Problem],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    prompts_per_call: int,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """G=n completions per problem, verified; one row per completion in the samples schema.
+
+    Problems are generated in chunks of ``prompts_per_call`` with seeds derived from ``seed`` and
+    the chunk index, so results do not depend on how often the progress bar refreshes."""
+    params = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    rows: list[dict] = []
+    for chunk_index, chunk in chunks(problems, prompts_per_call):
+        prompts = [format_prompt(policy.tokenizer, benchmark.prompt(p), policy.chat_template) for p in chunk]
+        groups = policy.backend.generate(prompts, params, seed=derive_seed(seed, "generate", chunk_index))
+        for problem, prompt, completions in zip(chunk, prompts, groups):
+            prompt_ids = policy.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            for sample_idx, completion in enumerate(completions):
+                reward = benchmark.verify(completion.text, problem)
+                rows.append(
+                    {
+                        "prompt_id": problem.prompt_id,
+                        "sample_idx": sample_idx,
+                        "prompt": prompt,
+                        "prompt_token_ids": list(prompt_ids),
+                        "completion": completion.text,
+                        "completion_token_ids": list(completion.token_ids),
+                        "completion_logprobs": [float(x) for x in completion.logprobs],
+                        "reward": 0.0 if reward is None else float(reward),
+                        "scorable": reward is not None,
+                        "gold_answer": problem.gold_answer,
+                        "pred_answer": benchmark.extract_answer(completion.text),
+                        "benchmark": benchmark.name,
+                        "finish_reason": completion.finish_reason,
+                        "num_tokens": len(completion.token_ids),
+                        "meta": json.dumps(problem.meta, sort_keys=True),
+                    }
+                )
+        if on_progress is not None:
+            on_progress(len(chunk))
+    return rows
+
+
+def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 32) -> list[list[float]]:
+    """Next-token entropy at every completion token, from one teacher-forced pass of the HF copy
+    of the policy (vLLM only returns top-k log-probs, which would underestimate entropy)."""
+    from rredcot_cli.update import chunked_completion_logprobs
+
+    prompts = [list(s["prompt_token_ids"]) for s in samples]
+    completions = [list(s["completion_token_ids"]) for s in samples]
+    _, _, entropies = chunked_completion_logprobs(policy.model, prompts, completions, policy.tokenizer.pad_token_id,
+                                                  chunk_size)
+    return [entropies[i, : len(c)].tolist() for i, c in enumerate(completions)]
+
+
+def token_texts(tokenizer: Any, token_ids: list[int]) -> list[str]:
+    """Each token decoded on its own (what segmenters look at)."""
+    return tokenizer.batch_decode([[t] for t in token_ids], skip_special_tokens=False)
+
+
+def segment_rows(
+    samples: list[dict],
+    tokenizer: Any,
+    segmenter: Callable[..., list[tuple[int, int]]],
+    strategy: str,
+    entropies: list[list[float]] | None = None,
+    **segmenter_kwargs: Any,
+) -> list[dict]:
+    """One row per segment in the segments schema; segments tile each completion exactly.
+
+    ``entropies[i]`` (next-token entropies along completion i) feeds entropy-based rules."""
+    rows: list[dict] = []
+    for i, sample in enumerate(samples):
+        ids = sample["completion_token_ids"]
+        texts = token_texts(tokenizer, ids)
+        spans = segmenter(texts, entropies=None if entropies is None else entropies[i], **segmenter_kwargs)
+        for segment_idx, (start, end) in enumerate(spans):
+            rows.append(
+                {
+                    "prompt_id": sample["prompt_id"],
+                    "sample_idx": sample["sample_idx"],
+                    "segment_idx": segment_idx,
+                    "token_start": start,
+                    "token_end": end,
+                    "text": "".join(texts[start:end]),
+                    "strategy": strategy,
+                }
+            )
+    return rows
+
+
+def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | None = None) -> CreditBatch:
+    """Pack samples and their segments into padded tensors; rows of ``samples`` keep their order.
+
+    ``old_logprobs`` holds the sampling log-probs recorded at generation (the proposal density
+    that importance-sampling estimators need); ``answer_probe`` is the benchmark's forced-answer
+    template for probing values.
+
+    Raises ValueError if a completion has no segments (the artifacts do not belong together)."""
+    by_key: dict[tuple[str, int], list[dict]] = {}
+    for seg in segments:
+        by_key.setdefault((seg["prompt_id"], int(seg["sample_idx"])), []).append(seg)
+    lengths = [len(s["completion_token_ids"]) for s in samples]
+    T = max(lengths, default=0)
+    segment_ids = torch.full((len(samples), T), -1, dtype=torch.long)
+    num_segments = torch.ones(len(samples), dtype=torch.long)
+    for i, sample in enumerate(samples):
+        key = (sample["prompt_id"], int(sample["sample_idx"]))
+        segs = sorted(by_key.get(key, []), key=lambda s: s["segment_idx"])
+        if not segs:
+            raise ValueError(f"completion {key} has no segments")
+        for seg in segs:
+            segment_ids[i, seg["token_start"] : seg["token_end"]] = int(seg["segment_idx"])
+        num_segments[i] = len(segs)
+    sampling_logprobs = torch.zeros(len(samples), T)
+    for i, sample in enumerate(samples):
+        lp = sample["completion_logprobs"]
+        sampling_logprobs[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    group_index: dict[str, int] = {}
+    group_ids = torch.tensor([group_index.setdefault(s["prompt_id"], len(group_index)) for s in samples], dtype=torch.long)
+    return CreditBatch(
+        rewards=torch.tensor([float(s["reward"]) for s in samples], dtype=torch.float32),
+        group_ids=group_ids,
+        segment_ids=segment_ids,
+        num_segments=num_segments,
+        prompt_token_ids=[list(s["prompt_token_ids"]) for s in samples],
+        completion_token_ids=[list(s["completion_token_ids"]) for s in samples],
+        old_logprobs=sampling_logprobs,
+        extras={
+            "gold_answers": [s["gold_answer"] for s in samples],
+            "pred_answers": [s["pred_answer"] for s in samples],
+            "prompt_ids": [s["prompt_id"] for s in samples],
+            "answer_probe": answer_probe,
+        },
+    )
+
+
+def attribute(spec: MethodSpec, batch: CreditBatch, params: dict[str, Any], collaborators: dict[str, Any]) -> Credit:
+    """Run a registered credit method with its hyper-parameters and the collaborators it needs."""
+    missing = [name for name in spec.needs if name not in collaborators]
+    if missing:
+        raise ValueError(f"method {spec.name!r} needs {', '.join(missing)}, which this stage did not provide")
+    return spec.fn(batch, **params, **{name: collaborators[name] for name in spec.needs})
+
+
+def credit_rows(samples: list[dict], batch: CreditBatch, credit: Credit, method: str) -> tuple[list[dict], list[dict]]:
+    """Per-segment credit rows and per-completion advantage rows in the artifact schemas."""
+    credits: list[dict] = []
+    advantages: list[dict] = []
+    values = credit.segment_values.tolist()
+    seg_credits = credit.segment_credits.tolist()
+    for i, sample in enumerate(samples):
+        key = {"prompt_id": sample["prompt_id"], "sample_idx": int(sample["sample_idx"])}
+        for k in range(int(batch.num_segments[i])):
+            value = values[i][k]
+            credits.append({**key, "segment_idx": k, "method": method,
+                            "value": None if math.isnan(value) else value, "credit": seg_credits[i][k]})
+        n = len(sample["completion_token_ids"])
+        advantages.append({**key, "method": method, "token_advantages": credit.token_advantages[i, :n].tolist()})
+    return credits, advantages
+
+
+def eval_rows(samples: list[dict], model_name: str) -> list[dict]:
+    """Eval-schema rows from verified samples (eval = sampling on held-out problems)."""
+    rows = []
+    for s in samples:
+        steps = json.loads(s["meta"]).get("steps")
+        rows.append(
+            {
+                "prompt_id": s["prompt_id"],
+                "sample_idx": s["sample_idx"],
+                "completion": s["completion"],
+                "num_tokens": s["num_tokens"],
+                "pred_answer": s["pred_answer"],
+                "gold_answer": s["gold_answer"],
+                "correct": bool(s["scorable"] and s["reward"] > 0.5),
+                "scorable": s["scorable"],
+                "steps": steps,
+                "benchmark": s["benchmark"],
+                "model": model_name,
+            }
+        )
+    return rows
+
+
+def evaluate(
+    policy: Policy,
+    benchmark: Benchmark,
+    problems: list[Problem],
+    *,
+    n: int,
+    ks: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    prompts_per_call: int,
+    model_name: str,
+    on_progress: Callable[[int], None] | None = None,
+) -> tuple[list[dict], dict]:
+    """Sample n completions per held-out problem; eval rows plus a summary (pass@1 as the mean
+    over samples, unbiased pass@k, maj@k, and accuracy by chain length where known)."""
+    from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
+
+    samples = sample_rows(policy, benchmark, problems, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, seed=seed, prompts_per_call=prompts_per_call, on_progress=on_progress)
+    rows = eval_rows(samples, model_name)
+    summary = summarize_eval(rows, [k for k in ks if k <= n])
+    if any(r["steps"] is not None for r in rows):
+        summary["accuracy_by_steps"] = accuracy_by_bucket(rows, key="steps")
+    return rows, summary

@@ -1,0 +1,47 @@
+"""`rredcot attribute`: run a credit method over saved samples and segments.
+
+Writes per-segment values/credits and per-token advantages under ``attribute/<method>/`` so
+several methods can be compared on the same traces without retraining.
+"""
+
+from __future__ import annotations
+
+import time
+
+from omegaconf import DictConfig
+
+from rredcot_cli import artifacts, runs
+from rredcot_cli.stages.common import console, make_benchmark, make_policy, method_and_params, table_rows
+
+
+def run(cfg: DictConfig, overrides: list[str]) -> None:
+    spec, params = method_and_params(cfg)
+    inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
+    # Model-based methods depend on the model that scores; outcome-only ones do not.
+    keys = ["method", "seed"] + (["model", "backend", "benchmark"] if spec.needs else [])
+    out = runs.begin_stage(cfg, "attribute", overrides, inputs=inputs, keys=keys, subdir=spec.name)
+    if out is None:
+        return
+    samples_table = artifacts.read_artifact("samples", inputs["samples"])
+    segments_table = artifacts.read_artifact("segments", inputs["segments"])
+    artifacts.validate_segments_tile(segments_table, samples_table)
+    samples, segments = table_rows(samples_table), table_rows(segments_table)
+
+    from rredcot_cli.rollout import attribute, credit_batch, credit_rows
+
+    collaborators = {}
+    if spec.needs:
+        policy = make_policy(cfg)
+        collaborators = {"scorer": policy.backend, "policy": policy}
+    started = time.perf_counter()
+    answer_probe = getattr(make_benchmark(cfg), "ANSWER_PROBE", None)
+    batch = credit_batch(samples, segments, answer_probe=answer_probe)
+    credit = attribute(spec, batch, params, collaborators)
+    seconds = time.perf_counter() - started
+
+    credits, advantages = credit_rows(samples, batch, credit, spec.name)
+    credits_path = artifacts.write_artifact("credits", credits, out.dir / "credits.parquet")
+    adv_path = artifacts.write_artifact("advantages", advantages, out.dir / "advantages.parquet")
+    out.finish({"credits": credits_path, "advantages": adv_path}, extra={"seconds": seconds})
+    console.print(f"{spec.name}: credited {len(credits)} segments of {len(advantages)} completions "
+                  f"in {seconds:.2f}s -> [bold]{out.dir}[/bold]")

@@ -1,0 +1,95 @@
+"""Config-to-object glue shared by the stages. The only place that reads config groups for
+constructing things; everything below it takes explicit arguments."""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=True)
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_benchmark(cfg: DictConfig):
+    from rredcot_cli.benchmarks import make_benchmark as build
+
+    b = cfg.benchmark
+    return build(b.name, path=b.path, min_steps=b.min_steps, max_steps=b.max_steps,
+                 data_seed=b.data_seed, verify_timeout_s=b.verify_timeout_s)
+
+
+def make_policy(cfg: DictConfig, model_path: str | None = None):
+    import torch
+
+    from rredcot_cli.rollout import load_policy
+
+    if cfg.backend.num_threads > 0:
+        torch.set_num_threads(cfg.backend.num_threads)
+    return load_policy(
+        model_path=model_path or cfg.model.path,
+        dtype=cfg.model.dtype,
+        trust_remote_code=cfg.model.trust_remote_code,
+        chat_template=cfg.model.chat_template,
+        backend=cfg.backend.name,
+        device=cfg.backend.device,
+        batch_size=cfg.backend.batch_size,
+        gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
+        tensor_parallel_size=cfg.backend.tensor_parallel_size,
+        enforce_eager=cfg.backend.enforce_eager,
+        seed=cfg.seed,
+    )
+
+
+def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The registry entry of ``cfg.method.name`` and its hyper-parameters as plain kwargs."""
+    from rredcot_cli.methods import get_method
+
+    spec = get_method(cfg.method.name)
+    params = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k != "name"}
+    return spec, params
+
+
+def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
+    (each rule takes them all, so rules share one signature)."""
+    from rredcot_cli.segmenters import get_segmenter
+
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.segment, resolve=True).items() if k != "name"}
+    return get_segmenter(cfg.segment.name), kwargs
+
+
+def prompts_per_call(batch_size: int, n: int) -> int:
+    """How many prompts one generate() call takes so that prompts x n fits the batch size."""
+    return max(1, batch_size // max(1, n))
+
+
+@contextmanager
+def progress_bar(description: str, total: int, transient: bool = False) -> Iterator[Any]:
+    """A rich progress bar on stderr; yields ``advance(k, **fields)``."""
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=transient) as progress:
+        task = progress.add_task(description, total=total, info="")
+
+        def advance(k: int = 1, info: str | None = None) -> None:
+            progress.update(task, advance=k, **({"info": info} if info is not None else {}))
+
+        yield advance
+
+
+def table_rows(table) -> list[dict]:
+    """A pyarrow table as a list of row dicts."""
+    return table.to_pylist()

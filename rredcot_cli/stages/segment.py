@@ -1,0 +1,43 @@
+"""`rredcot segment`: split every saved completion into segments that tile its tokens."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rredcot_cli import artifacts, runs
+from rredcot_cli.stages.common import console, make_policy, segmenter_and_kwargs, table_rows
+
+CONFIG_KEYS = ["segment", "model"]  # the tokenizer decides the token texts; the model, entropies
+
+
+def run(cfg: DictConfig, overrides: list[str]) -> None:
+    samples_path = runs.find_input(cfg, "samples")
+    out = runs.begin_stage(cfg, "segment", overrides, inputs={"samples": samples_path}, keys=CONFIG_KEYS)
+    if out is None:
+        return
+    samples = table_rows(artifacts.read_artifact("samples", samples_path))
+    segmenter, kwargs = segmenter_and_kwargs(cfg)
+
+    from rredcot_cli.rollout import completion_entropies, segment_rows
+    from rredcot_cli.segmenters import needs_entropy
+
+    entropies = None
+    if needs_entropy(cfg.segment.name):
+        # Entropy-based rules need a scoring pass of the model that sampled.
+        policy = make_policy(cfg)
+        tokenizer, entropies = policy.tokenizer, completion_entropies(policy, samples)
+    else:
+        tokenizer = _tokenizer(cfg)
+    rows = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies, **kwargs)
+    path = artifacts.write_artifact("segments", rows, out.dir / "segments.parquet")
+    out.finish({"segments": path}, extra={"segments": len(rows), "completions": len(samples)})
+    console.print(f"wrote {len(rows)} segments for {len(samples)} completions "
+                  f"({len(rows) / max(1, len(samples)):.1f} per completion) to [bold]{path}[/bold]")
+
+
+def _tokenizer(cfg: DictConfig):
+    from transformers import AutoTokenizer
+
+    from rredcot_cli.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), trust_remote_code=cfg.model.trust_remote_code)

@@ -1,0 +1,39 @@
+"""`rredcot sft`: train the embedded tiny model from scratch on the synthetic benchmark's gold
+solutions. With its defaults it reproduces the checkpoint shipped in rredcot_cli/assets."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rredcot_cli import runs
+from rredcot_cli.stages.common import console, seed_everything
+
+CONFIG_KEYS = ["seed", "benchmark", "sft"]
+
+
+def run(cfg: DictConfig, overrides: list[str]) -> None:
+    out = runs.begin_stage(cfg, "sft", overrides, inputs={}, keys=CONFIG_KEYS)
+    if out is None:
+        return
+    seed_everything(cfg.seed)
+    f = cfg.sft
+
+    from rredcot_cli.benchmarks import make_benchmark
+    from rredcot_cli.errors import RredcotError
+    from rredcot_cli.sft import train_sft
+
+    # SFT data uses shorter chains than RL (sft.min_steps/max_steps) to leave room for RL.
+    benchmark = make_benchmark(cfg.benchmark.name, min_steps=f.min_steps, max_steps=f.max_steps,
+                               data_seed=cfg.benchmark.data_seed)
+    if not hasattr(benchmark, "solution"):
+        raise RredcotError(f"rredcot sft needs a synthetic benchmark with gold solutions (chain, search), "
+                           f"not benchmark={cfg.benchmark.name}")
+    model_dir = out.dir / "model"
+    result = train_sft(benchmark=benchmark, output_dir=model_dir, steps=f.steps, batch_size=f.batch_size, lr=f.lr,
+                       weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
+                       hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
+                       intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
+                       seed=cfg.seed)
+    out.finish({"model": model_dir / "model.safetensors"}, extra=result)
+    console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
+                  f"(use it with model.path={model_dir})")
