@@ -33,7 +33,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                        weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
                        hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
                        intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
-                       seed=cfg.seed)
+                       solution_error_rate=f.solution_error_rate, seed=cfg.seed)
     out.finish({"model": model_dir / "model.safetensors"}, extra=result)
     console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
                   f"(use it with model.path={model_dir})")

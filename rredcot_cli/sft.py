@@ -1,0 +1,177 @@
+"""Supervised fine-tuning of the tiny model from scratch on gold synthetic chains.
+
+Each example is ``prompt + solution + EOS`` (character tokens); the loss is the mean next-token
+cross-entropy over the completion tokens (solution and EOS) only. AdamW, linear warm-up then
+cosine decay to 10% of ``lr``, gradient-norm clipping. The result is a plain HF folder
+(``model.safetensors``, ``config.json``, ``generation_config.json``, tokenizer files).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rredcot_cli.models import build_char_tokenizer, build_tiny_model, count_parameters, save_tokenizer
+
+
+def _lr_factor(step: int, total: int, warmup: int, final_ratio: float = 0.1) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _encode_examples(
+    benchmark, problems, tokenizer, error_rate: float = 0.0, seed: int = 0
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + EOS) per problem; fails on characters the tokenizer lacks."""
+    examples = []
+    rng = random.Random(seed)
+    for problem in problems:
+        prompt = tokenizer.encode(benchmark.prompt(problem), add_special_tokens=False)
+        solution = benchmark.solution(problem, error_rate=error_rate, rng=rng) if error_rate > 0 else benchmark.solution(problem)
+        completion = tokenizer.encode(solution, add_special_tokens=False)
+        if tokenizer.unk_token_id in prompt or tokenizer.unk_token_id in completion:
+            raise ValueError(f"{problem.prompt_id}: text has characters outside the tokenizer alphabet")
+        examples.append((prompt, completion + [tokenizer.eos_token_id]))
+    return examples
+
+
+def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded ``input_ids`` (B, L), ``attention_mask`` (B, L) and ``loss_mask`` (B, L-1).
+
+    ``loss_mask[i, t]`` is True when token t+1 of row i is a completion token, i.e. when the
+    prediction made at position t is trained.
+    """
+    length = max(len(p) + len(c) for p, c in examples)
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), length - 1), dtype=torch.bool)
+    for i, (p, c) in enumerate(examples):
+        seq = p + c
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention_mask[i, : len(seq)] = 1
+        loss_mask[i, len(p) - 1 : len(seq) - 1] = True
+    return input_ids, attention_mask, loss_mask
+
+
+def train_sft(
+    *,
+    benchmark,
+    output_dir: str | Path,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    grad_clip: float,
+    warmup_steps: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    seed: int,
+    eval_fn: Callable[[torch.nn.Module, object, int], dict] | None = None,
+    eval_every: int = 0,
+    solution_error_rate: float = 0.0,
+    progress: bool = True,
+) -> dict:
+    """Train a fresh tiny model on ``benchmark``'s gold solutions and save it to ``output_dir``.
+
+    ``benchmark`` needs ``load``, ``prompt`` and ``solution``; ``steps * batch_size`` problems of
+    its "train" split are used once each, in order. ``eval_fn(model, tokenizer, step) -> dict`` is
+    called (model in eval mode, no grad) every ``eval_every`` steps if > 0 and after the last
+    step; its numbers are merged into the returned metrics and the history.
+
+    Returns ``{"loss", "steps", "seconds", "num_parameters", "history", **final eval}``, where
+    ``loss`` is the mean completion loss of the last 20 steps and ``history`` a list of dicts.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    output_dir = Path(output_dir)
+
+    tokenizer = build_char_tokenizer(model_max_length=max_position_embeddings)
+    model = build_tiny_model(
+        len(tokenizer),
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model.train()
+    problems = benchmark.load("train", limit=steps * batch_size)
+    examples = _encode_examples(benchmark, problems, tokenizer, solution_error_rate, seed)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.99),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, warmup_steps))
+
+    def run_eval(step: int) -> dict:
+        model.eval()
+        with torch.no_grad():
+            result = dict(eval_fn(model, tokenizer, step))
+        model.train()
+        return result
+
+    history: list[dict] = []
+    recent: list[float] = []
+    final_eval: dict = {}
+    started = time.perf_counter()
+    bar = Progress(
+        TextColumn("[bold]sft[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress,
+    )
+    with bar:
+        task = bar.add_task("sft", total=steps, info="")
+        for step in range(steps):
+            batch = examples[step * batch_size : (step + 1) * batch_size]
+            input_ids, attention_mask, loss_mask = _collate(batch, tokenizer.pad_token_id)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, L-1, V)
+            nll = -logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, L-1)
+            loss = (nll * loss_mask).sum() / loss_mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            scheduler.step()
+
+            recent = (recent + [loss.item()])[-20:]
+            record = {"step": step + 1, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                      "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - started}
+            if eval_fn is not None and ((eval_every > 0 and (step + 1) % eval_every == 0) or step + 1 == steps):
+                final_eval = run_eval(step + 1)
+                record.update(final_eval)
+            if (step + 1) % 10 == 0 or step + 1 == steps or len(record) > 5:
+                history.append(record)
+            bar.update(task, advance=1, info=f"loss {sum(recent) / len(recent):.4f} lr {record['lr']:.2e}")
+
+    seconds = time.perf_counter() - started
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    model.save_pretrained(str(output_dir))  # safetensors
+    save_tokenizer(tokenizer, output_dir)
+    return {
+        "loss": sum(recent) / max(1, len(recent)),
+        "steps": steps,
+        "seconds": seconds,
+        "num_parameters": count_parameters(model),
+        "history": history,
+        **final_eval,
+    }

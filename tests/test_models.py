@@ -1,0 +1,149 @@
+"""The character tokenizer, the tiny model builder and the embedded checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
+from rredcot_cli.models import (
+    DEFAULT_ALPHABET,
+    EMBEDDED_MODEL,
+    build_char_tokenizer,
+    build_tiny_model,
+    count_parameters,
+    load_model_and_tokenizer,
+    resolve_model_path,
+    save_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    model = build_tiny_model(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(str(path))
+    save_tokenizer(tokenizer, path)
+    return path
+
+
+def test_special_tokens(tokenizer):
+    assert tokenizer.eos_token == "<|endoftext|>"
+    assert tokenizer.pad_token == "<|pad|>"
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.encode("ab", add_special_tokens=True) == tokenizer.encode("ab", add_special_tokens=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=DEFAULT_ALPHABET, max_size=200))
+def test_round_trip_one_token_per_char(tokenizer, text):
+    # Special-token strings such as "<|pad|>" inside text are parsed as one special token, as with
+    # every HF tokenizer; texts of the benchmarks never contain them.
+    assume(not any(tok in text for tok in ("<|pad|>", "<|endoftext|>", "<|unk|>")))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.unk_token_id not in ids
+
+
+def test_synthetic_texts_in_alphabet(tokenizer):
+    for bench in (ChainBenchmark(1, 30), SearchBenchmark(1, 30)):
+        for p in bench.load("test", 20):
+            text = bench.prompt(p) + bench.solution(p)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text
+
+
+def test_decode_skips_special(tokenizer):
+    ids = [tokenizer.pad_token_id] + tokenizer.encode("1+2=3", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "1+2=3"
+
+
+def test_save_and_auto_load(saved_dir, tokenizer):
+    cfg = json.loads((saved_dir / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert (saved_dir / "tokenizer.json").exists() and (saved_dir / "model.safetensors").exists()
+    auto_tok = AutoTokenizer.from_pretrained(str(saved_dir))
+    text = "Compute mod 10: 7 +3\n7+3=0\nAnswer: 0"
+    assert auto_tok.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
+    assert auto_tok.decode(auto_tok.encode(text, add_special_tokens=False)) == text
+    assert auto_tok.eos_token_id == tokenizer.eos_token_id and auto_tok.pad_token_id == tokenizer.pad_token_id
+    model = AutoModelForCausalLM.from_pretrained(str(saved_dir))
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_load_model_and_tokenizer(saved_dir):
+    model, tok = load_model_and_tokenizer(str(saved_dir))
+    assert not model.training
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    ids = torch.tensor([tok.encode("1+2=3", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, 5, len(tok)) and logits.dtype == torch.float32
+
+
+def test_build_tiny_model_size(tokenizer):
+    model = build_tiny_model(len(tokenizer))
+    assert 1_000_000 <= count_parameters(model) <= 2_000_000
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_resolve_model_path():
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert resolve_model_path("/some/dir") == "/some/dir"
+    assert Path(resolve_model_path(EMBEDDED_MODEL)).name == "tiny-chain"
+
+
+def test_embedded_checkpoint_loads():
+    path = Path(resolve_model_path(EMBEDDED_MODEL))
+    if not (path / "model.safetensors").exists():
+        pytest.skip("embedded checkpoint not built yet (scripts/train_embedded.py)")
+    model, tok = load_model_and_tokenizer(EMBEDDED_MODEL)
+    assert 1_000_000 <= count_parameters(model) <= 10_000_000
+    bench = ChainBenchmark()
+    p = bench.load("test", 1)[0]
+    text = bench.prompt(p) + bench.solution(p)
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_import_rredcot_cli_does_not_import_torch():
+    code = "import sys, rredcot_cli, rredcot_cli.benchmarks.synthetic; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_train_sft_smoke(tmp_path):
+    """A few SFT steps on a tiny architecture write a folder that loads like any HF model."""
+    from rredcot_cli.sft import train_sft
+
+    calls = []
+
+    def eval_fn(model, tok, step):
+        calls.append(step)
+        return {"probe": 1.0}
+
+    out = train_sft(
+        benchmark=ChainBenchmark(1, 3), output_dir=tmp_path / "sft", steps=4, batch_size=4, lr=1e-3,
+        weight_decay=0.01, grad_clip=1.0, warmup_steps=2, hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64, max_position_embeddings=256, seed=0, eval_fn=eval_fn, eval_every=2,
+        solution_error_rate=0.1, progress=False,
+    )
+    assert out["steps"] == 4 and out["loss"] > 0 and out["probe"] == 1.0 and calls == [2, 4]
+    model, tok = load_model_and_tokenizer(str(tmp_path / "sft"))
+    assert (tmp_path / "sft" / "model.safetensors").exists()
+    assert model.config.max_position_embeddings == 256 and tok.eos_token_id == model.config.eos_token_id

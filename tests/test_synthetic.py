@@ -1,0 +1,214 @@
+"""The synthetic benchmarks: determinism, disjoint splits, gold solutions, the step checker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot_cli.benchmarks.base import StepCheckedBenchmark
+from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
+
+BENCHMARKS = [ChainBenchmark, SearchBenchmark]
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_protocol_and_ids(cls):
+    bench = cls()
+    assert isinstance(bench, StepCheckedBenchmark)
+    problems = bench.load("test", 5)
+    assert [p.prompt_id for p in problems] == [f"{bench.name}/test/{i}" for i in range(5)]
+    for p in problems:
+        assert bench.min_steps <= p.meta["steps"] <= bench.max_steps
+        json.dumps(p.meta)  # JSON-serialisable
+        assert bench.prompt(p).endswith("\n")
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_deterministic_and_prefix_stable(cls):
+    a = cls(data_seed=7).load("train", 50)
+    b = cls(data_seed=7).load("train", 80)
+    assert a == b[:50]
+    assert cls(data_seed=8).load("train", 50) != a
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_splits_disjoint(cls):
+    # Short chains make collisions likely if splits were independent streams only.
+    bench = cls(min_steps=2, max_steps=3)
+    questions = {s: {p.question for p in bench.load(s, 2000)} for s in ("train", "validation", "test")}
+    assert not questions["train"] & questions["test"]
+    assert not questions["train"] & questions["validation"]
+    assert not questions["validation"] & questions["test"]
+
+
+def test_unknown_split():
+    with pytest.raises(ValueError):
+        ChainBenchmark().load("dev", 1)
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_gold_solution_verifies(cls):
+    bench = cls(min_steps=1, max_steps=30)
+    for p in bench.load("validation", 100):
+        sol = bench.solution(p)
+        assert bench.verify(sol, p) == 1.0
+        assert bench.extract_answer(sol) == p.gold_answer
+        assert bench.first_wrong_step(sol, p) is None
+        assert len(bench.step_char_spans(sol)) == p.meta["steps"]
+        # EOS-free continuation after the answer is ignored by the checker
+        assert bench.first_wrong_step(sol + "\nx=1: 2 no", p) is None
+
+
+def test_chain_example_and_checker():
+    bench = ChainBenchmark()
+    p = bench.load("test", 1)[0]
+    lines = bench.solution(p).split("\n")
+    assert lines[-1] == f"Answer: {p.gold_answer}"
+    # line 0 reads "<start><op><b>=<c>"
+    start, op0 = p.meta["start"], p.meta["ops"][0]
+    assert lines[0].startswith(f"{start}{op0}=")
+
+    def corrupt(k, new_line):
+        out = list(lines)
+        out[k] = new_line
+        return "\n".join(out)
+
+    # wrong arithmetic at step 2
+    a, rest = lines[2][0], lines[2][1:]
+    wrong_c = str((int(lines[2][-1]) + 1) % 10)
+    assert bench.first_wrong_step(corrupt(2, lines[2][:-1] + wrong_c), p) == 2
+    # wrong carry-in at step 1 (first operand is not the previous result)
+    assert bench.first_wrong_step(corrupt(1, str((int(lines[1][0]) + 3) % 10) + lines[1][1:]), p) == 1
+    # wrong operand copied from the prompt at step 3
+    line3 = lines[3]
+    assert bench.first_wrong_step(corrupt(3, line3[:2] + str((int(line3[2]) + 1) % 10) + line3[3:]), p) == 3
+    # garbled line
+    assert bench.first_wrong_step(corrupt(0, "7+=?"), p) == 0
+    # a missing line shifts everything after it: the first wrong index is the missing one
+    assert bench.first_wrong_step("\n".join(lines[:1] + lines[2:]), p) == 1
+    # chain stops early: first missing index
+    steps = p.meta["steps"]
+    assert bench.first_wrong_step("\n".join(lines[:3]) + "\nAnswer: 3", p) == 3
+    assert bench.first_wrong_step("", p) == 0
+    # an extra step line after all gold lines
+    assert bench.first_wrong_step("\n".join(lines[:-1] + ["1+1=2", lines[-1]]), p) == steps
+    # surrounding whitespace and blank lines are tolerated
+    assert bench.first_wrong_step("\n\n".join(" " + ln for ln in lines), p) is None
+
+
+def test_verify_and_extract():
+    bench = ChainBenchmark()
+    p = bench.load("test", 1)[0]
+    wrong = str((int(p.gold_answer) + 1) % 10)
+    assert bench.verify(f"Answer: {p.gold_answer}", p) == 1.0
+    assert bench.verify(f"1+1=2\nAnswer:  {p.gold_answer} \n", p) == 1.0
+    assert bench.verify(f"Answer: {wrong}", p) == 0.0
+    assert bench.verify("1+1=2\n", p) == 0.0
+    assert bench.verify("", p) == 0.0
+    assert bench.extract_answer("Answer:") is None
+    assert bench.extract_answer("x\nAnswer: 4\nAnswer: 5") == "4"
+
+
+def test_step_char_spans():
+    bench = ChainBenchmark()
+    text = "1+2=3\n\n3*4=2\nAnswer: 2\n5+5=0"
+    spans = bench.step_char_spans(text)
+    assert [text[s:e] for s, e in spans] == ["1+2=3", "3*4=2"]
+    assert spans[0] == (0, 5)
+
+
+def test_search_example_and_checker():
+    bench = SearchBenchmark(min_steps=5, max_steps=5)
+    p = bench.load("test", 1)[0]
+    lines = bench.solution(p).split("\n")
+    assert len(lines) == 6 and lines[-1] == f"Answer: {p.gold_answer}"
+    assert all(ln.endswith(" no") for ln in lines[:4]) and lines[4].endswith(" yes")
+    assert lines[4].startswith(f"x={p.gold_answer}: {p.meta['c']} ")
+    # claiming success too early
+    assert bench.first_wrong_step("\n".join([lines[0], lines[1][:-3] + " yes", f"Answer: 1"]), p) == 1
+    assert bench.first_wrong_step("\n".join(lines[:3]), p) == 3
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_trials_follow_steps(cls):
+    for n in (1, 7, 20):
+        for p in cls(min_steps=n, max_steps=n).load("test", 3):
+            assert p.meta["steps"] == n
+            assert len(cls().step_char_spans(cls().solution(p))) == n
+
+
+def test_chain_length_range():
+    """Prompt + completion in characters (= tokens of the char tokenizer): ~50 at 4 steps, 600+ at 100."""
+    def mean_len(n):
+        bench = ChainBenchmark(min_steps=n, max_steps=n)
+        problems = bench.load("test", 20)
+        return sum(len(bench.prompt(p)) + len(bench.solution(p)) for p in problems) / len(problems)
+
+    assert 40 <= mean_len(4) <= 80
+    assert mean_len(12) > mean_len(4)
+    assert mean_len(100) >= 600
+    assert len(ChainBenchmark(100, 100).solution(ChainBenchmark(100, 100).load("test", 1)[0])) >= 600
+
+
+def _corrupt_line(line: str, salt: int) -> str:
+    """A different line: change the last digit (the computed result) or append junk."""
+    for i in range(len(line) - 1, -1, -1):
+        if line[i].isdigit():
+            return line[:i] + str((int(line[i]) + 1 + salt % 9) % 10) + line[i + 1:]
+    return line + "?"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cls=st.sampled_from(BENCHMARKS),
+    index=st.integers(min_value=0, max_value=199),
+    j_frac=st.floats(min_value=0, max_value=1, exclude_max=True),
+    salt=st.integers(min_value=0, max_value=100),
+    mode=st.sampled_from(["result", "garble", "drop", "truncate"]),
+)
+def test_corrupting_step_j_gives_first_wrong_step_j(cls, index, j_frac, salt, mode):
+    bench = cls(min_steps=1, max_steps=40)
+    p = bench.load("validation", 200)[index]
+    steps = p.meta["steps"]
+    j = int(j_frac * steps)
+    lines = bench.solution(p).split("\n")  # steps lines + answer line
+    if mode == "result":
+        lines[j] = _corrupt_line(lines[j], salt)
+    elif mode == "garble":
+        lines[j] = "#" * (1 + salt % 5)
+    elif mode == "drop":
+        if j + 1 < steps and lines[j] == lines[j + 1]:
+            return  # dropping one of two identical lines is not an error at j
+        del lines[j]
+    else:  # truncate: stop before step j and answer
+        lines = lines[:j] + ["Answer: 0"]
+    assert bench.first_wrong_step("\n".join(lines), p) == j
+
+
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_noisy_solutions(cls):
+    """SFT noise: a miscomputed step is where the checker says the chain first goes wrong."""
+    import random
+
+    bench = cls(min_steps=5, max_steps=15)
+    problems = bench.load("train", 200)
+    assert all(bench.solution(p, error_rate=0.0, rng=random.Random(0)) == bench.solution(p) for p in problems)
+    rng_a, rng_b = random.Random(1), random.Random(1)
+    noisy = [bench.solution(p, error_rate=0.2, rng=rng_a) for p in problems]
+    assert noisy == [bench.solution(p, error_rate=0.2, rng=rng_b) for p in problems]
+    wrong = 0
+    for p, text in zip(problems, noisy):
+        gold_lines = bench.gold_lines(p)
+        lines = text.split("\n")[:-1]
+        assert len(lines) == p.meta["steps"]
+        first = next((k for k, (a, b) in enumerate(zip(lines, gold_lines)) if a != b), None)
+        assert bench.first_wrong_step(text, p) == first
+        wrong += first is not None
+        if cls is ChainBenchmark and first is None:
+            assert bench.verify(text, p) == 1.0
+    assert 0.3 < wrong / len(problems) < 0.99
+    with pytest.raises(ValueError):
+        bench.solution(problems[0], error_rate=0.1)
