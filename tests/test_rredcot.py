@@ -112,3 +112,52 @@ def test_packed_probes_match_scoring_each_prefix_from_scratch(random_model):
     # The trace is encoded once per row, not once per probe.
     naive_tokens = sum(p.prefix_len + len(p.tokens) for p in probes)
     assert stats["forward_tokens"] < naive_tokens
+
+
+def test_suffix_is_blames_the_single_wrong_step():
+    """Five gold chains and one that miscomputes step 2 and then continues consistently: the
+    matched suffix-IS estimator must give step 2's segment the most negative credit."""
+    from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
+    from rredcot_cli.methods import get_method
+    from rredcot_cli.methods.rredcot import RREDCoTParams
+    from rredcot_cli.rollout import attribute, credit_batch, load_policy, segment_rows
+    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.update import chunked_completion_logprobs
+
+    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
+                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
+                         tensor_parallel_size=1, enforce_eager=False, seed=0)
+    bench = ChainBenchmark(6, 6)
+    problem = bench.load("test", 1)[0]
+    wrong_at, value, lines = 2, problem.meta["start"], []
+    for k, op in enumerate(problem.meta["ops"]):
+        result = apply_op(value, op[0], int(op[1:]))
+        if k == wrong_at:
+            result = (result + 3) % 10
+        lines.append(f"{value}{op}={result}")
+        value = result
+    wrong = "\n".join(lines) + f"\nAnswer: {value}"
+    assert bench.first_wrong_step(wrong, problem) == wrong_at
+
+    tok = policy.tokenizer
+    prompt = bench.prompt(problem)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+    def sample(text, idx):
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        logprobs, _, _ = chunked_completion_logprobs(policy.model, [prompt_ids], [ids], tok.pad_token_id, 8)
+        return {"prompt_id": problem.prompt_id, "sample_idx": idx, "prompt": prompt, "prompt_token_ids": prompt_ids,
+                "completion": text, "completion_token_ids": ids, "completion_logprobs": logprobs[0].tolist(),
+                "reward": bench.verify(text, problem), "gold_answer": problem.gold_answer,
+                "pred_answer": bench.extract_answer(text)}
+
+    samples = [sample(bench.solution(problem), i) for i in range(5)] + [sample(wrong, 5)]
+    segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1, max_segments=40)
+    params = {**RREDCoTParams().__dict__, "value": "suffix_is"}
+    batch = credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
+    credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})
+    credits = torch.nan_to_num(credit.segment_credits[5], nan=float("inf"))
+    assert int(torch.argmin(credits)) == wrong_at  # newline segments: one per step line
+    assert credits[wrong_at] < -0.5
+    # Telescoping holds on real estimates too: credits sum to R - V(S_0) = 0 - 5/6.
+    assert torch.nansum(credit.segment_credits[5]).item() == pytest.approx(-5 / 6, abs=1e-4)

@@ -103,6 +103,8 @@ class _SyntheticBase:
     """Shared plumbing: deterministic split streams, answer parsing, verification."""
 
     name = "synthetic"
+    # Forced-answer probe for value estimation (RREDCoT answer_probe); prefixes end at a line.
+    ANSWER_PROBE = "Answer: {answer}{eos}"
 
     def __init__(self, min_steps: int, max_steps: int, data_seed: int):
         if not 1 <= min_steps <= max_steps:

@@ -12,6 +12,11 @@ The paper's advantage rule is not public; the three documented candidates are op
   immediate     A_t = r_k(t) / sigma                       (RUDDER: no reward-to-go needed)
   reward_to_go  A_t = sum_{j >= k(t)} (r_j - mean) / sigma (DeepSeekMath process supervision)
   mixed         A_t = A_GRPO + mix_lambda * r_k(t) / sigma (keeps the outcome signal)
+The default estimator is ``suffix_is``: on the embedded chain task a forced answer mid-chain is
+a guess (the answer depends on steps not yet computed), so ``answer_probe`` values stay near 0
+until the last segment and its credit says little (measured in docs/rredcot-value-cost.md);
+``answer_probe`` is the paper's most plausible reading and suits tasks with informative
+mid-chain answers (``benchmark=search``, real math traces).
 Segment rewards are clipped to [-clip_reward, clip_reward] for the advantage only (0 = off); the
 credits written to artifacts are the unclipped r_k, so the telescoping sum holds for them.
 """
@@ -33,7 +38,7 @@ VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
 
 @dataclass
 class RREDCoTParams:
-    value: str = "answer_probe"  # answer_probe | suffix_is
+    value: str = "suffix_is"  # suffix_is | answer_probe
     advantage: str = "immediate"  # immediate | reward_to_go | mixed
     mix_lambda: float = 1.0
     baseline: str = "group_mean"  # V(S_0): group_mean | estimator
