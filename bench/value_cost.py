@@ -129,7 +129,22 @@ def main() -> None:
     machine = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
                "threads": torch.get_num_threads()}
     out.write_text(json.dumps({"args": vars(args), "machine": machine, "results": results}, indent=2))
-    print(f"wrote {out}")
+    out.with_suffix(".md").write_text(markdown_table(results))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def markdown_table(results: list[dict]) -> str:
+    header = ("| steps | segments | tokens/completion | segments/completion | estimator | sample s | attribute s "
+              "| attribute / sample | forward tokens | generated tokens | first-error hits | chance |\n")
+    header += "|" + "---|" * 12 + "\n"
+    lines = []
+    for r in results:
+        rate = "n/a" if r["first_error_rate"] is None else f"{r['first_error_hits']}/{r['incorrect_with_known_error']} = {r['first_error_rate']:.2f}"
+        chance = "n/a" if r["chance_rate"] is None else f"{r['chance_rate']:.2f}"
+        lines.append(f"| {r['steps']} | {r['segment']} | {r['mean_tokens']:.0f} | {r['segments_per_completion']:.1f} | "
+                     f"{r['estimator']} | {r['sample_seconds']:.2f} | {r['attribute_seconds']:.2f} | "
+                     f"{r['overhead_vs_sampling']:.2f} | {r['forward_tokens']} | {r['generated_tokens']} | {rate} | {chance} |")
+    return header + "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
