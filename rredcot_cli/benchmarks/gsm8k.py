@@ -12,9 +12,10 @@ import re
 from itertools import islice
 
 from rredcot_cli.benchmarks.base import Problem
+from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
 from rredcot_cli.data import read_split
 from rredcot_cli.errors import RredcotError
-from rredcot_cli.verify import extract_boxed, math_equal
+from rredcot_cli.verify import extract_boxed
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
@@ -37,21 +38,12 @@ def last_number(text: str) -> str | None:
     return matches[-1].replace(",", "")
 
 
-class GSM8KBenchmark:
+class GSM8KBenchmark(BoxedMathBenchmark):
     """The GSM8K benchmark (splits ``train`` and ``test`` are packaged)."""
 
     name = "gsm8k"
-    # verl-style math prompt; ``{question}`` is the problem text.
-    PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{{}}."
-    # Forced-answer probe for value estimation (RREDCoT answer_probe): the part from {answer} on
-    # is scored after a prefix of the chain of thought.
-    ANSWER_PROBE = "\nThe final answer is $\\boxed{{answer}}$"
     # Config used when ``path`` is an HF hub id without ``:<config>`` (openai/gsm8k has main/socratic).
     HUB_CONFIG = "main"
-
-    def __init__(self, path: str | None = None, verify_timeout_s: float = 5.0) -> None:
-        self.path = path
-        self.verify_timeout_s = verify_timeout_s
 
     def load(self, split: str, limit: int | None = None) -> list[Problem]:
         """Problems of ``split`` in file order; the first ``limit`` if given."""
@@ -72,20 +64,9 @@ class GSM8KBenchmark:
             raise RredcotError(f"benchmark {self.name}: split {split!r} ({self.path or 'packaged copy'}) has no rows")
         return problems
 
-    def prompt(self, problem: Problem) -> str:
-        """The question followed by the step-by-step / ``\\boxed{}`` instruction."""
-        return self.PROMPT_TEMPLATE.format(question=problem.question)
-
     def extract_answer(self, completion: str) -> str | None:
         """The last ``\\boxed{}`` content, else the last number in the completion, else None."""
         boxed = extract_boxed(completion)
         if boxed is not None:
             return boxed
         return last_number(completion)
-
-    def verify(self, completion: str, problem: Problem) -> float | None:
-        """1.0 / 0.0 from math-verify against the gold number; None if the check timed out or failed."""
-        result = math_equal(problem.gold_answer, completion, timeout_s=self.verify_timeout_s)
-        if result is None:
-            return None
-        return 1.0 if result else 0.0

@@ -1,0 +1,35 @@
+"""What the real math benchmarks share: the verl-style ``\\boxed{}`` prompt, the forced-answer
+probe, and math-verify checking under a timeout. Subclasses only load their rows."""
+
+from __future__ import annotations
+
+from rredcot_cli.benchmarks.base import Problem
+from rredcot_cli.verify import extract_boxed, math_equal
+
+
+class BoxedMathBenchmark:
+    name = "boxed_math"
+    # verl-style math prompt; ``{question}`` is the problem text.
+    PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{{}}."
+    # Forced-answer probe for value estimation (RREDCoT answer_probe): the part from {answer} on
+    # is scored after a prefix of the chain of thought.
+    ANSWER_PROBE = "\nThe final answer is $\\boxed{{answer}}$"
+
+    def __init__(self, path: str | None = None, verify_timeout_s: float = 5.0) -> None:
+        self.path = path
+        self.verify_timeout_s = verify_timeout_s
+
+    def prompt(self, problem: Problem) -> str:
+        """The question followed by the step-by-step / ``\\boxed{}`` instruction."""
+        return self.PROMPT_TEMPLATE.format(question=problem.question)
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The content of the last ``\\boxed{}``, or None."""
+        return extract_boxed(completion)
+
+    def verify(self, completion: str, problem: Problem) -> float | None:
+        """1.0 / 0.0 from math-verify against the gold answer; None if the check timed out or failed."""
+        result = math_equal(problem.gold_answer, completion, timeout_s=self.verify_timeout_s)
+        if result is None:
+            return None
+        return 1.0 if result else 0.0
