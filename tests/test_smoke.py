@@ -82,3 +82,15 @@ def test_changed_options_are_refused_not_mixed(run_dir):
                              *SMALL], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2
     assert "run.overwrite=true" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sft_stage_trains_a_loadable_model(tmp_path):
+    run = tmp_path / "runs" / "sft"
+    rredcot("sft", f"run.dir={run}", "sft.steps=3", "sft.batch_size=4", "sft.warmup_steps=1", "sft.hidden_size=32",
+            "sft.num_layers=1", "sft.num_heads=2", "sft.intermediate_size=64", cwd=tmp_path)
+    model_dir = run / "sft" / "model"
+    assert (model_dir / "model.safetensors").exists() and (model_dir / "tokenizer.json").exists()
+    # The trained folder is a model path like any other.
+    rredcot("eval", f"run.dir={run}", f"model.path={model_dir}", "eval.num_problems=2", "eval.n=2", "eval.k=[1,2]",
+            "sampling.max_new_tokens=16", cwd=tmp_path)
+    assert json.loads((run / "eval" / "metrics.json").read_text())["num_problems"] == 2
