@@ -12,15 +12,6 @@ from rredcot_cli.models import build_char_tokenizer, build_tiny_model
 PROMPTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "Find the first x in 1 2 with (3x+1)%10=7\n"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add sync overhead (10x slower on a loaded 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_char_tokenizer()
