@@ -30,7 +30,10 @@ from rredcot_cli.segmenters import get_segmenter
 
 ESTIMATORS = {
     "answer_probe": {"value": "answer_probe"},
+    "answer_probe_packed": {"value": "answer_probe", "probe_scoring": "packed"},
     "suffix_is": {"value": "suffix_is"},
+    "suffix_is_packed": {"value": "suffix_is", "probe_scoring": "packed"},
+    "suffix_is_w8": {"value": "suffix_is", "is_window": 8},
     "suffix_is_w4": {"value": "suffix_is", "is_window": 4},
 }
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.rredcot import redistribute, segment_ends
-from rredcot_cli.values.packing import Probe, packed_probe_logprobs, unpacked_probe_logprobs
+from rredcot_cli.values.packing import Probe, cached_probe_logprobs, packed_probe_logprobs, unpacked_probe_logprobs
 
 
 def batch_from_segments(rewards, groups, seg_lengths):
@@ -96,22 +96,66 @@ def random_model():
     return Qwen2ForCausalLM(config).eval()
 
 
-def test_packed_probes_match_scoring_each_prefix_from_scratch(random_model):
-    g = torch.Generator().manual_seed(1)
-    traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (30, 17, 45)]
+def random_probes(traces, seed=1):
+    """Probes after every 7th prefix: random tokens, and some that continue their own trace (the
+    KV-cache scorer serves those from the encoding pass)."""
+    g = torch.Generator().manual_seed(seed)
     probes = []
     for t, trace in enumerate(traces):
         for prefix in range(1, len(trace) + 1, 7):
-            tokens = tuple(torch.randint(0, 40, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist())
-            probes.append(Probe(trace=t, prefix_len=prefix, tokens=tokens, scored_from=min(1, len(tokens) - 1)))
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            tokens = tuple(torch.randint(0, 40, (n,), generator=g).tolist())
+            probes.append(Probe(trace=t, prefix_len=prefix, tokens=tokens, scored_from=min(1, n - 1)))
+            own = tuple(trace[prefix : prefix + n])
+            if own:
+                probes.append(Probe(trace=t, prefix_len=prefix, tokens=own, scored_from=0))
+    return probes
+
+
+@pytest.mark.parametrize("scorer", ["packed", "kv_cache"])
+def test_probe_scorers_match_scoring_each_prefix_from_scratch(random_model, scorer):
+    g = torch.Generator().manual_seed(1)
+    traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (30, 17, 45)]
+    probes = random_probes(traces)
     stats = {}
-    packed = packed_probe_logprobs(random_model, traces, probes, max_row_tokens=60, rows_per_forward=2, stats=stats)
+    if scorer == "packed":
+        scored = packed_probe_logprobs(random_model, traces, probes, max_row_tokens=60, rows_per_forward=2, stats=stats)
+    else:
+        # Small batches so that several trace groups and probe batches are exercised.
+        scored = cached_probe_logprobs(random_model, traces, probes, traces_per_forward=2, max_probe_tokens=24,
+                                       stats=stats)
     reference = unpacked_probe_logprobs(random_model, traces, probes)
-    for a, b in zip(packed, reference):
+    for probe, a, b in zip(probes, scored, reference):
+        assert a.shape == b.shape == (len(probe.tokens) - probe.scored_from,)
         assert torch.allclose(a, b, atol=1e-5)
-    # The trace is encoded once per row, not once per probe.
+    # The trace is encoded once per row / group, not once per probe.
     naive_tokens = sum(p.prefix_len + len(p.tokens) for p in probes)
     assert stats["forward_tokens"] < naive_tokens
+
+
+def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
+    """Self-normalised weights sum to one, so a uniform group's values equal its reward without
+    scoring anything; a mixed group still needs the model."""
+    from rredcot_cli.values.suffix_is import suffix_is_values
+
+    calls = []
+
+    def scorer(model, traces, probes, **kwargs):
+        calls.append(len(probes))
+        return [torch.zeros(len(p.tokens)) for p in probes]
+
+    traces = [[1, 2, 3, 4, 5], [1, 2, 6, 7, 8], [1, 2, 3, 9, 9]]
+    common = dict(prompt_lens=[2, 2, 2], boundaries=[[0, 1], [0, 1], [0, 1]],
+                  sampling_logprobs=[[-1.0] * 3] * 3, groups=[0, 0, 0], matched=True, window=0, clip=0.0)
+    values = suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=True, scorer=scorer, **common)
+    assert calls == [] and all(v.tolist() == [1.0, 1.0] for v in values)
+    # Mixed rewards: every slot is scored; log w = 0 - (-1 * len) favours longer suffixes equally.
+    values = suffix_is_values(None, traces, rewards=[1.0, 0.0, 1.0], self_normalised=True, scorer=scorer, **common)
+    assert calls == [3 * 2 * 3]
+    assert values[0].tolist() == pytest.approx([2 / 3, 2 / 3])
+    # Plain IS weights do not sum to one: the uniform group is scored.
+    suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=False, scorer=scorer, **common)
+    assert calls[-1] == 3 * 2 * 3
 
 
 def test_suffix_is_blames_the_single_wrong_step():

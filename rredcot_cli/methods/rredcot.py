@@ -34,6 +34,7 @@ from rredcot_cli.methods.grpo import grpo_advantage
 
 ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
 VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
+PROBE_SCORING = ("kv_cache", "packed")
 
 
 @dataclass
@@ -51,6 +52,9 @@ class RREDCoTParams:
     is_self_normalised: bool = True
     is_window: int = 16  # tokens of likelihood ratio; 0 = the whole suffix
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
+    # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
+    # values) or packed (probes appended to the trace in one row with a block attention mask).
+    probe_scoring: str = "kv_cache"
 
 
 def segment_rewards(values: torch.Tensor, num_segments: torch.Tensor) -> torch.Tensor:
@@ -127,7 +131,7 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 @register("rredcot", params=RREDCoTParams, needs=("policy",))
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
-            is_self_normalised: bool, is_window: int, is_clip: float) -> Credit:
+            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "kv_cache") -> Credit:
     """Estimate V after every segment boundary with ``value``, then redistribute.
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
@@ -136,6 +140,8 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
     Defaults of the keyword arguments live in ``RREDCoTParams``."""
     if value not in VALUE_ESTIMATORS:
         raise ValueError(f"unknown value estimator {value!r}; valid: {', '.join(VALUE_ESTIMATORS)}")
+    if probe_scoring not in PROBE_SCORING:
+        raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORING)}")
     if baseline not in ("group_mean", "estimator"):
         raise ValueError(f"unknown baseline {baseline!r}; valid: group_mean, estimator")
     B, S = batch.segment_ids.shape[0], batch.max_segments
@@ -145,7 +151,7 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
     offsets = [([0] if baseline == "estimator" else []) + e[:-1] for e in ends]
     estimates = estimate_values(batch, policy, value, offsets, probe_template=probe_template,
                                 matched=is_boundaries == "matched", window=is_window,
-                                self_normalised=is_self_normalised, clip=is_clip)
+                                self_normalised=is_self_normalised, clip=is_clip, probe_scoring=probe_scoring)
 
     values = torch.full((B, S + 1), float("nan"))
     group_mean, _ = _group_mean(batch)
@@ -171,8 +177,12 @@ def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[int]], *, probe_template,
-                    matched: bool, window: int, self_normalised: bool, clip: float) -> list[torch.Tensor]:
+                    matched: bool, window: int, self_normalised: bool, clip: float,
+                    probe_scoring: str = "kv_cache") -> list[torch.Tensor]:
     """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
+    from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
+
+    scorer = cached_probe_logprobs if probe_scoring == "kv_cache" else packed_probe_logprobs
     prompts = batch.prompt_token_ids
     completions = batch.completion_token_ids
     traces = [list(p) + list(c) for p, c in zip(prompts, completions)]
@@ -185,7 +195,8 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
             raise ValueError("answer_probe needs a forced-answer template: set method.probe_template")
         candidates = answer_candidates(batch, policy.tokenizer, template)
         prefix_lens = [[len(prompts[i]) + o for o in offs] for i, offs in enumerate(offsets)]
-        return answer_probe_values(policy.model, traces, prefix_lens, candidates, device=policy.device, stats=stats)
+        return answer_probe_values(policy.model, traces, prefix_lens, candidates, device=policy.device, stats=stats,
+                                   scorer=scorer)
 
     from rredcot_cli.values.suffix_is import suffix_is_values
 
@@ -194,7 +205,8 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
     sampling = [batch.old_logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)]
     return suffix_is_values(policy.model, traces, [len(p) for p in prompts], offsets, sampling,
                             batch.rewards.tolist(), batch.group_ids.tolist(), matched=matched, window=window,
-                            self_normalised=self_normalised, clip=clip, device=policy.device, stats=stats)
+                            self_normalised=self_normalised, clip=clip, device=policy.device, stats=stats,
+                            scorer=scorer)
 
 
 def answer_candidates(batch: CreditBatch, tokenizer, template: str):

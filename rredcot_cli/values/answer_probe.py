@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rredcot_cli.values.packing import Probe, packed_probe_logprobs
+from rredcot_cli.values.packing import Probe, cached_probe_logprobs
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ def answer_probe_values(
     *,
     device: str = "cpu",
     stats: dict | None = None,
+    scorer=cached_probe_logprobs,
 ) -> list[torch.Tensor]:
     """Values of every listed prefix of every trace.
 
@@ -66,7 +67,7 @@ def answer_probe_values(
                 probes.append(Probe(trace=i, prefix_len=prefix_len, tokens=cand.context + cand.answer,
                                     scored_from=len(cand.context)))
                 owners.append((i, slot, cand.utility))
-    logprobs = packed_probe_logprobs(model, traces, probes, device=device, stats=stats)
+    logprobs = scorer(model, traces, probes, device=device, stats=stats)
     values = [torch.zeros(len(lens)) for lens in prefix_lens]
     for (i, slot, utility), lp in zip(owners, logprobs):
         values[i][slot] += float(torch.exp(lp.sum())) * utility

@@ -144,3 +144,132 @@ def unpacked_probe_logprobs(model: torch.nn.Module, traces: list[list[int]], pro
         rows = torch.arange(probe.prefix_len - 1, probe.prefix_len - 1 + n)
         out.append(logprobs[rows, torch.tensor(probe.tokens)][probe.scored_from :].cpu())
     return out
+
+
+def _cache_kwarg(model: torch.nn.Module, cache) -> dict:
+    """transformers renamed ``past_key_values`` to ``cache`` (5.2x); pass it under the name the
+    installed version takes."""
+    import inspect
+
+    return {"cache": cache} if "cache" in inspect.signature(model.forward).parameters else {"past_key_values": cache}
+
+
+def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str):
+    """One causal pass over the right-padded traces.
+
+    Returns per-layer (keys, values) of shape (B, heads, T, head_dim) and the (B, T-1) log-probs of
+    each trace's own tokens 1..T-1 (teacher forcing), both on ``device``.
+    """
+    from transformers import DynamicCache
+
+    T = max(len(t) for t in traces)
+    input_ids = torch.zeros(len(traces), T, dtype=torch.long)
+    attention = torch.zeros(len(traces), T, dtype=torch.long)
+    for i, trace in enumerate(traces):
+        input_ids[i, : len(trace)] = torch.tensor(trace)
+        attention[i, : len(trace)] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **_cache_kwarg(model, DynamicCache()))
+    logprobs = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    cache = out.cache if "cache" in out else out.past_key_values
+    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    return layers, logprobs
+
+
+@torch.no_grad()
+def cached_probe_logprobs(
+    model: torch.nn.Module,
+    traces: list[list[int]],
+    probes: list[Probe],
+    *,
+    device: str = "cpu",
+    traces_per_forward: int = 32,
+    max_probe_tokens: int = 4096,
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
+    """Same result as :func:`packed_probe_logprobs`, computed with a shared KV cache.
+
+    Each trace is encoded once; its keys and values are then handed to every probe that extends
+    one of its prefixes, and the probes run as a batch whose 4-D mask lets probe p see cache
+    positions < ``prefix_len`` and its own tokens causally. Attention work is probes x (trace +
+    probe) instead of the packed row's (trace + all probes)^2, so cost stays linear in trace
+    length at a fixed number of probes per token. ``stats["forward_tokens"]`` counts trace and
+    probe positions run (padding included).
+    """
+    results: list[torch.Tensor | None] = [None] * len(probes)
+    by_trace: dict[int, list[int]] = {}
+    for index, probe in enumerate(probes):
+        if not 1 <= probe.prefix_len <= len(traces[probe.trace]):
+            raise ValueError(f"probe prefix_len {probe.prefix_len} outside trace of length {len(traces[probe.trace])}")
+        if probe.tokens:
+            by_trace.setdefault(probe.trace, []).append(index)
+        else:
+            results[index] = torch.zeros(0)
+    trace_ids = sorted(by_trace)
+    neg = torch.finfo(torch.float32).min
+    for start in range(0, len(trace_ids), traces_per_forward):
+        group = trace_ids[start : start + traces_per_forward]
+        layers, own = _encode_traces(model, [traces[t] for t in group], device)
+        own = own.cpu()
+        if stats is not None:
+            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(group) * layers[0][0].shape[2]
+        local = {t: r for r, t in enumerate(group)}
+        pending = []
+        for t in group:
+            trace = traces[t]
+            for index in by_trace[t]:
+                probe = probes[index]
+                start, end = probe.prefix_len, probe.prefix_len + len(probe.tokens)
+                if tuple(trace[start:end]) == probe.tokens:
+                    # The probe continues its own trace: the encoding pass already scored it.
+                    results[index] = own[local[t], start - 1 + probe.scored_from : end - 1].float()
+                else:
+                    pending.append(index)
+        # Probe batches bounded by their token count (probes x longest probe).
+        batch: list[int] = []
+        widest = 0
+        for position, index in enumerate(pending + [None]):
+            if index is not None:
+                n = len(probes[index].tokens)
+                if not batch or (len(batch) + 1) * max(widest, n) <= max_probe_tokens:
+                    batch.append(index)
+                    widest = max(widest, n)
+                    continue
+            _run_probe_batch(model, layers, local, traces, probes, batch, widest, neg, device, results, stats)
+            batch, widest = ([index], len(probes[index].tokens)) if index is not None else ([], 0)
+    return results  # type: ignore[return-value]
+
+
+def _run_probe_batch(model, layers, local, traces, probes, batch, width, neg, device, results, stats) -> None:
+    """Run probes ``batch`` against the cached trace keys/values. Each probe's input starts with
+    the last prefix token (cache positions < prefix_len - 1 are visible), so every scored token is
+    predicted inside this batch and the trace's logits never need to be kept."""
+    from transformers import DynamicCache
+
+    if not batch:
+        return
+    width += 1
+    context = max(probes[i].prefix_len for i in batch) - 1
+    rows = torch.tensor([local[probes[i].trace] for i in batch], device=layers[0][0].device)
+    cache = DynamicCache(ddp_cache_data=[(k[rows, :, :context], v[rows, :, :context]) for k, v in layers])
+    P = len(batch)
+    input_ids = torch.zeros(P, width, dtype=torch.long)
+    positions = torch.zeros(P, width, dtype=torch.long)
+    allowed = torch.zeros(P, width, context + width, dtype=torch.bool)
+    for r, index in enumerate(batch):
+        probe = probes[index]
+        last = probe.prefix_len - 1
+        input_ids[r, : len(probe.tokens) + 1] = torch.tensor((traces[probe.trace][last],) + probe.tokens)
+        positions[r] = torch.arange(last, last + width)
+        allowed[r, :, :last] = True
+    allowed[:, :, context:] = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    mask = torch.where(allowed, 0.0, neg)[:, None].to(device)
+    logits = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
+                   use_cache=False, **_cache_kwarg(model, cache)).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:, None].to(device))[..., 0]
+    if stats is not None:
+        stats["forward_tokens"] = stats.get("forward_tokens", 0) + P * width
+    logprobs = logprobs.cpu()
+    for r, index in enumerate(batch):
+        probe = probes[index]
+        results[index] = logprobs[r, probe.scored_from : len(probe.tokens)].float()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from rredcot_cli.values.packing import Probe, packed_probe_logprobs
+from rredcot_cli.values.packing import Probe, cached_probe_logprobs
 
 
 def suffix_is_values(
@@ -35,6 +35,7 @@ def suffix_is_values(
     clip: float,
     device: str = "cpu",
     stats: dict | None = None,
+    scorer=cached_probe_logprobs,
 ) -> list[torch.Tensor]:
     """Value of trace i after each of its boundaries.
 
@@ -60,23 +61,29 @@ def suffix_is_values(
                 out.append((start, end))
         return out
 
+    values = [torch.full((len(bounds),), float("nan")) for bounds in boundaries]
     probes: list[Probe] = []
     owners: list[tuple[int, int, float, float]] = []  # (trace, slot, log q, reward)
     for i, bounds in enumerate(boundaries):
         for k, b in enumerate(bounds):
-            for j in members[groups[i]]:
+            usable = [(j, start, end) for j in members[groups[i]] for start, end in suffixes(j, k)]
+            utilities_k = {float(rewards[j]) for j, _, _ in usable}
+            if self_normalised and len(utilities_k) == 1:
+                # Self-normalised weights sum to 1, so equal utilities give V = that utility
+                # whatever the weights: nothing to score (every slot of a uniform group).
+                values[i][k] = utilities_k.pop()
+                continue
+            for j, start, end in usable:
                 completion = traces[j][prompt_lens[j]:]
-                for start, end in suffixes(j, k):
-                    probes.append(Probe(trace=i, prefix_len=prompt_lens[i] + b, tokens=tuple(completion[start:end])))
-                    owners.append((i, k, float(sum(sampling_logprobs[j][start:end])), float(rewards[j])))
-    logprobs = packed_probe_logprobs(model, traces, probes, device=device, stats=stats)
+                probes.append(Probe(trace=i, prefix_len=prompt_lens[i] + b, tokens=tuple(completion[start:end])))
+                owners.append((i, k, float(sum(sampling_logprobs[j][start:end])), float(rewards[j])))
+    logprobs = scorer(model, traces, probes, device=device, stats=stats) if probes else []
 
     log_w: dict[tuple[int, int], list[float]] = {}
     utilities: dict[tuple[int, int], list[float]] = {}
     for (i, k, log_q, reward), lp in zip(owners, logprobs):
         log_w.setdefault((i, k), []).append(float(lp.sum()) - log_q)
         utilities.setdefault((i, k), []).append(reward)
-    values = [torch.full((len(bounds),), float("nan")) for bounds in boundaries]
     for (i, k), lw in log_w.items():
         lw_t = torch.tensor(lw, dtype=torch.float64)
         if clip > 0:

@@ -1,0 +1,214 @@
+"""Monte Carlo state values: V(S_k) = mean verified reward of K continuations sampled from the
+policy after prefix S_k (VinePPO, Kazemnejad et al., arXiv 2410.01679; Math-Shepherd's "soft
+estimate", Wang et al., arXiv 2312.08935).
+
+This is the expensive, unbiased reference that the cheaper estimators (answer_probe, suffix_is)
+and the attribution methods are judged against: with K continuations an estimate has standard
+error sqrt(V(1-V)/K) <= 0.5/sqrt(K).
+
+Sampling reuses each prefix: the left-padded prefixes of a chunk are encoded once, their KV
+cache is repeated K times (``batch_repeat_interleave``) and the K continuations decode from it,
+so a prefix costs one prefill instead of K (HF ``generate(num_return_sequences=K)`` would expand
+the inputs before the prefill). Identical prefixes (every completion's empty prefix S_0, equal
+completion starts within a group) are sampled once.
+
+Randomness is per prefix: the Gumbel noise of a prefix's K rows comes from a generator seeded by
+``derive_seed(seed, prefix tokens)``, so an estimate depends on (model, prefix, seed, K, sampling
+settings) only, not on which other prefixes share its batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Callable, Optional
+
+import torch
+
+from rredcot_cli.runs import derive_seed
+
+
+def _cache_kwarg(model: torch.nn.Module, cache) -> dict:
+    # transformers 5.2x renamed the forward argument ``past_key_values`` to ``cache``.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def _returned_cache(out):
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+def warp_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """(R, V) logits -> (R, V) log-probs of the sampling distribution (temperature, then top-p:
+    keep the smallest set of most likely tokens whose mass reaches ``top_p``, as HF's warper).
+    Tokens outside the nucleus get -inf."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        probs = sorted_logp.exp()
+        # Drop a token when the mass of the tokens strictly before it already reaches top_p.
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return logp
+
+
+def prefix_seed(seed: int, prefix: list[int]) -> int:
+    """The seed of one prefix's continuations: a function of the tokens, not of the batch."""
+    digest = hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
+    return derive_seed(seed, "mc", digest)
+
+
+@torch.no_grad()
+def sample_continuations(
+    model: torch.nn.Module,
+    prefixes: list[list[int]],
+    *,
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: list[int],
+    pad_id: int,
+    seed: int,
+    device: str = "cpu",
+    rows_per_forward: int = 64,
+    stats: dict | None = None,
+) -> list[list[list[int]]]:
+    """``k`` continuations of every prefix, sampled with the KV cache of the prefix shared.
+
+    prefixes[j]: token ids (prompt + completion prefix), at least one token. Returns, per prefix,
+    k token lists; a continuation that sampled an EOS ends with it, one that did not has
+    ``max_new_tokens`` tokens. temperature 0 = greedy (all k rows identical).
+    ``stats``: ``prefill_tokens`` (prefix positions encoded, padding included),
+    ``generated_tokens`` (decode steps x rows still running), ``continuations``.
+    """
+    from transformers import DynamicCache
+
+    results: list[list[list[int]] | None] = [None] * len(prefixes)
+    eos = torch.tensor(sorted(set(eos_ids)), device=device)
+    # Similar lengths share a chunk (less padding).
+    order = sorted(range(len(prefixes)), key=lambda j: len(prefixes[j]))
+    per_chunk = max(1, rows_per_forward // max(1, k))
+    for start in range(0, len(order), per_chunk):
+        chunk = order[start : start + per_chunk]
+        width = max(len(prefixes[j]) for j in chunk)
+        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, j in enumerate(chunk):
+            if not prefixes[j]:
+                raise ValueError("a prefix needs at least one token (the prompt)")
+            input_ids[r, width - len(prefixes[j]) :] = torch.tensor(prefixes[j])
+            attention[r, width - len(prefixes[j]) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        # Left padding: positions count real tokens only, as in HF generate.
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                    logits_to_keep=1, **_cache_kwarg(model, DynamicCache()))
+        cache = _returned_cache(out)
+        cache.batch_repeat_interleave(k)
+        logits = out.logits[:, -1].repeat_interleave(k, dim=0)
+        attention = attention.repeat_interleave(k, dim=0)
+        next_position = positions[:, -1].repeat_interleave(k) + 1
+        generators = []
+        for j in chunk:
+            g = torch.Generator(device=device)
+            g.manual_seed(prefix_seed(seed, prefixes[j]))
+            generators.append(g)
+        rows = len(chunk) * k
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        tokens_out = []
+        generated = 0
+        for step in range(max_new_tokens):
+            if temperature > 0:
+                logp = warp_logits(logits, temperature, top_p)
+                # Gumbel-max sampling with per-prefix noise: argmax(log p + G) ~ p.
+                noise = torch.cat([torch.rand((k, logp.shape[-1]), generator=g, device=device) for g in generators])
+                gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(torch.float32).tiny)))
+                token = (logp + gumbel).argmax(-1)
+            else:
+                token = logits.argmax(-1)
+            token = torch.where(finished, torch.full_like(token, pad_id), token)
+            generated += int((~finished).sum())
+            tokens_out.append(token)
+            finished = finished | torch.isin(token, eos)
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            attention = torch.cat([attention, torch.ones((rows, 1), dtype=attention.dtype, device=device)], dim=1)
+            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
+                        use_cache=True, **_cache_kwarg(model, cache))
+            cache = _returned_cache(out)
+            logits = out.logits[:, -1]
+            next_position = next_position + 1
+        sampled = torch.stack(tokens_out, dim=1).cpu().tolist() if tokens_out else [[] for _ in range(rows)]
+        eos_set = set(eos_ids)
+        for r, j in enumerate(chunk):
+            conts = []
+            for row in sampled[r * k : (r + 1) * k]:
+                stop = next((t for t, tok in enumerate(row) if tok in eos_set), None)
+                conts.append(row if stop is None else row[: stop + 1])
+            results[j] = conts
+        if stats is not None:
+            stats["prefill_tokens"] = stats.get("prefill_tokens", 0) + len(chunk) * width
+            stats["generated_tokens"] = stats.get("generated_tokens", 0) + generated
+            stats["continuations"] = stats.get("continuations", 0) + rows
+    return results  # type: ignore[return-value]
+
+
+def mc_rewards(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    offsets: list[list[int]],
+    verify: Callable[[int, list[int]], Optional[float]],
+    *,
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: list[int],
+    pad_id: int,
+    seed: int,
+    device: str = "cpu",
+    rows_per_forward: int = 64,
+    stats: dict | None = None,
+) -> list[torch.Tensor]:
+    """Rewards of k continuations after every listed completion offset of every trace.
+
+    offsets[i]: completion-token offsets of trace i (0 = right after the prompt).
+    ``verify(i, completion_ids)`` scores completion_ids = completion prefix + continuation
+    against trace i's problem (None = unscorable, counted as 0, as sampling does). Prefixes with
+    the same (prompt, completion prefix) are sampled once and verified with the first trace that
+    has them. Returns per trace a float32 tensor (len(offsets[i]), k).
+    """
+    keys: dict[tuple[int, ...], int] = {}
+    unique: list[list[int]] = []
+    owner: list[tuple[int, int]] = []  # (trace, offset) of the first occurrence
+    slots: list[list[int]] = []
+    for i, offs in enumerate(offsets):
+        row = []
+        for o in offs:
+            if not 0 <= o <= len(completions[i]):
+                raise ValueError(f"offset {o} outside completion of length {len(completions[i])}")
+            prefix = list(prompts[i]) + list(completions[i][:o])
+            key = tuple(prefix)
+            if key not in keys:
+                keys[key] = len(unique)
+                unique.append(prefix)
+                owner.append((i, o))
+            row.append(keys[key])
+        slots.append(row)
+    conts = sample_continuations(model, unique, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_p=top_p, eos_ids=eos_ids, pad_id=pad_id, seed=seed, device=device,
+                                 rows_per_forward=rows_per_forward, stats=stats)
+    rewards = torch.zeros(len(unique), k)
+    for u, (i, o) in enumerate(owner):
+        for j, cont in enumerate(conts[u]):
+            r = verify(i, list(completions[i][:o]) + cont)
+            rewards[u, j] = 0.0 if r is None else float(r)
+    return [rewards[row] if row else torch.zeros(0, k) for row in slots]
+
+
+def mc_values(*args, **kwargs) -> list[torch.Tensor]:
+    """:func:`mc_rewards` averaged over the k continuations: per trace (len(offsets[i]),)."""
+    return [r.mean(dim=1) for r in mc_rewards(*args, **kwargs)]
