@@ -6,7 +6,8 @@
 
 Each command composes the config (``rredcot_cli.config.compose``), then imports
 ``rredcot_cli.stages.<stage>`` and calls ``run(cfg, overrides)``. Mistakes a user can fix
-(``RredcotError``) are printed as one ``error: ...`` line on stderr with exit status 2.
+(``RredcotError``) are printed as one ``error: ...`` line on stderr with exit status 2; so
+is an ``OSError`` that names a file (disk full, no permission).
 Importing this module is cheap: no torch, transformers, Hydra or pyarrow.
 """
 
@@ -20,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from rredcot_cli.config import ConfigError, compose, default_options, group_options
-from rredcot_cli.errors import RredcotError, one_line
+from rredcot_cli.errors import RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",
@@ -115,6 +116,13 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
         module.run(cfg, overrides)
     except RredcotError as e:
         typer.echo(f"error: {one_line(e)}", err=True)
+        raise typer.Exit(code=2) from None
+    except OSError as e:
+        # A file the stage wrote or read outside the atomic writers (which name their own path):
+        # the machine's problem (disk full, permissions), not a bug, so one line without traceback.
+        if e.filename is None:
+            raise
+        typer.echo(f"error: {os_error_message(e)}", err=True)
         raise typer.Exit(code=2) from None
 
 

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from rredcot_cli.errors import ArtifactError, RunError
+from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -93,6 +93,37 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+# Name parts of the temporaries atomic_path leaves behind only when its process is killed.
+TMP_MARK = ".tmp-"
+OLD_MARK = ".old-"
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the ``<name>.tmp-*`` / ``<name>.old-*`` leftovers of writers killed mid-write.
+
+    Called when a stage (re)starts in ``folder``, which then belongs to it. A leftover
+    ``<name>.old-*`` whose ``<name>`` is missing is the previous complete version of a folder
+    whose replacement was interrupted between its two renames; it is moved back into place
+    rather than deleted. Returns the paths removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for leftover in sorted(folder.rglob(f"*{OLD_MARK}*")):
+        target = leftover.with_name(leftover.name.split(OLD_MARK, 1)[0])
+        if not target.exists():
+            os.replace(leftover, target)
+        elif leftover.exists():
+            _remove(leftover)
+            removed.append(leftover)
+    for leftover in sorted(folder.rglob(f"*{TMP_MARK}*")):
+        if leftover.exists():
+            _remove(leftover)
+            removed.append(leftover)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move what was written there into place.
@@ -104,9 +135,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     removed and ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f"{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f"{path.name}{TMP_MARK}", dir=path.parent)
+        os.close(fd)
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(os_error_message(e, path, writing=True)) from e
     tmp = Path(name)
     tmp.unlink()  # the writer creates it (as a file or a folder)
     try:
@@ -117,7 +153,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if tmp.is_dir():
             old = None
             if path.exists():
-                old = path.with_name(f"{path.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+                old = path.with_name(f"{path.name}{OLD_MARK}{tmp.name.rsplit('-', 1)[-1]}")
                 os.replace(path, old)
             os.replace(tmp, path)
             if old is not None:
@@ -125,6 +161,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         else:
             os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except StorageError:
+        _remove(tmp)
+        raise
+    except OSError as e:
+        # Disk full, no permission...: name the file the user asked for, not the temporary.
+        _remove(tmp)
+        raise StorageError(os_error_message(e, path, writing=True)) from e
     except BaseException:
         _remove(tmp)
         raise
@@ -285,6 +328,96 @@ def _differing_keys(folder: Path, cfg: DictConfig, keys: list[str]) -> list[str]
     return [k for k in sorted(keys) if old.get(k) != new.get(k)]
 
 
+# Config groups whose values must agree between a stage and the stages that made its inputs
+# (when both hash them): the tokenizer and token ids come from the model, the answer probe and
+# rewards from the benchmark. Seeds and backends may differ on purpose.
+PROVENANCE_KEYS = ("model", "benchmark")
+
+
+def _stage_hash(cfg: DictConfig, keys: list[str], input_records: dict[str, dict]) -> str:
+    """12 hex chars identifying a stage's work: its config keys and the sha256 of its inputs."""
+    from rredcot_cli.config import config_hash
+
+    digest = hashlib.sha256()
+    digest.update(config_hash(cfg, keys).encode())
+    for name in sorted(input_records):
+        digest.update(f"\0{name}\0{input_records[name]['sha256']}".encode())
+    return digest.hexdigest()[:12]
+
+
+def _leaf_differences(old: Any, new: Any, prefix: str) -> list[str]:
+    """``key=old`` vs ``key=new`` for every leaf that differs between two nested configs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for key in sorted(set(old) | set(new)):
+            found += _leaf_differences(old.get(key), new.get(key), f"{prefix}.{key}")
+        return found
+    return [] if old == new else [f"{prefix}={old} vs {prefix}={new}"]
+
+
+def check_input_provenance(cfg: DictConfig, stage: str, keys: list[str], input_records: dict[str, dict]) -> None:
+    """Refuse inputs that do not belong together or to this config, naming both sides.
+
+    For each input whose folder holds a manifest (an artifact of another stage):
+    - that stage must have finished, and the file must still be the one it recorded;
+    - inputs it was made from that are also inputs here (segments were made from samples) must
+      be the same files (same sha256);
+    - the ``PROVENANCE_KEYS`` groups both stages hash must be equal in its config.yaml and here.
+    Inputs without a manifest beside them (files from elsewhere) are taken as they are.
+    """
+    from omegaconf import OmegaConf
+
+    current = OmegaConf.to_container(cfg, resolve=True)
+    for name, record in input_records.items():
+        path = Path(record["path"])
+        folder = path.parent
+        manifest = _read_manifest(folder)
+        if manifest is None:
+            continue
+        producer = manifest.get("stage", folder.name)
+        if manifest.get("status") != "complete":
+            raise RunError(
+                f"input {name} {path} belongs to an unfinished `rredcot {producer}` attempt "
+                f"({folder / MANIFEST} says status {manifest.get('status')!r}); finish that stage first, "
+                f"or pass inputs.{name}=PATH"
+            )
+        recorded = {
+            (folder / out["path"]).resolve(): out.get("sha256")
+            for out in (manifest.get("outputs") or {}).values()
+            if isinstance(out, dict) and "path" in out
+        }
+        expected = recorded.get(path.resolve())
+        if expected is not None and expected != record["sha256"]:
+            raise RunError(
+                f"input {name} {path} changed after `rredcot {producer}` wrote it "
+                f"(manifest sha256 {expected[:12]}, file sha256 {record['sha256'][:12]}); "
+                f"rerun `rredcot {producer} run.overwrite=true` to remake it"
+            )
+        for other, made_from in (manifest.get("inputs") or {}).items():
+            if other in input_records and made_from.get("sha256") != input_records[other]["sha256"]:
+                raise RunError(
+                    f"input {name} {path} was made from {other} {made_from.get('path')} "
+                    f"(sha256 {str(made_from.get('sha256'))[:12]}), but this {stage} run reads {other} "
+                    f"{input_records[other]['path']} (sha256 {input_records[other]['sha256'][:12]}); "
+                    f"rerun `rredcot {producer}` on these {other}, or pass matching inputs.{other} and inputs.{name}"
+                )
+        shared = [k for k in PROVENANCE_KEYS if k in keys and k in (manifest.get("config_keys") or [])]
+        if not shared or not (folder / CONFIG_FILE).exists():
+            continue
+        try:
+            made_with = OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE), resolve=False)
+        except Exception:  # noqa: BLE001 - an unreadable config only loses this check
+            continue
+        differences = [d for k in shared for d in _leaf_differences(made_with.get(k), current.get(k), k)]
+        if differences:
+            shown = "; ".join(differences[:3]) + (f" (and {len(differences) - 3} more)" if len(differences) > 3 else "")
+            raise RunError(
+                f"input {name} {path} was made by `rredcot {producer}` under another config than this "
+                f"{stage} run: {shown} ({folder / CONFIG_FILE} vs this command); "
+                f"pass the same {', '.join(shared)} options, or remake the {name}"
+            )
+
+
 def begin_stage(
     cfg: DictConfig,
     stage: str,
@@ -292,18 +425,22 @@ def begin_stage(
     inputs: dict[str, Path],
     keys: list[str],
     subdir: str | None = None,
+    resume: bool = False,
 ) -> StageOutput | None:
     """Prepare ``<run.dir>/<stage>[-<tag>][/<subdir>]`` for a stage, or say it is already done.
 
-    The stage's hash covers ``config_hash(cfg, keys)`` and the sha256 of every input file.
+    The stage's hash covers ``config_hash(cfg, keys)`` and the sha256 of every input file;
+    the inputs must pass ``check_input_provenance``.
     - complete manifest with the same hash (and not ``run.overwrite``): print a note, return None;
-    - manifest with another hash (and not ``run.overwrite``): raise ``RunError``;
-    - otherwise: create the folder, write ``config.yaml``, ``overrides.yaml`` and a manifest with
-      status "running", and return a ``StageOutput``.
+    - complete manifest with another hash (and not ``run.overwrite``): raise ``RunError``;
+    - ``resume`` and an unfinished attempt with another hash: raise ``RunError`` (continuing it
+      would mix two configs);
+    - otherwise: create the folder, delete leftovers of killed writers, write ``config.yaml``,
+      ``overrides.yaml`` and a manifest with status "running", and return a ``StageOutput``.
+      When ``resume`` continues an unfinished attempt its manifest keeps ``created`` and lists
+      the restart under ``resumed``.
     """
     from omegaconf import OmegaConf
-
-    from rredcot_cli.config import config_hash
 
     folder = stage_folder(cfg, stage, subdir)
     input_records = {}
@@ -312,27 +449,22 @@ def begin_stage(
         if not path.exists():
             raise ArtifactError(f"input {name} does not exist: {path}")
         input_records[name] = {"path": str(path), "sha256": sha256_file(path)}
-    digest = hashlib.sha256()
-    digest.update(config_hash(cfg, keys).encode())
-    for name in sorted(input_records):
-        digest.update(f"\0{name}\0{input_records[name]['sha256']}".encode())
-    stage_hash = digest.hexdigest()[:12]
+    check_input_provenance(cfg, stage, keys, input_records)
+    stage_hash = _stage_hash(cfg, keys, input_records)
 
     old = _read_manifest(folder)
+    continuing = False
     if old is not None and not cfg.run.overwrite:
-        if old.get("config_hash") == stage_hash:
-            if old.get("status") == "complete":
-                print(
-                    f"{folder} is up to date (same config); skipping. "
-                    "Pass run.overwrite=true to redo.",
-                    file=sys.stderr,
-                )
-                return None
-            # Same options, but the last attempt did not finish: run it again.
-        elif old.get("status") != "complete":
-            # An attempt that died holds nothing finished; replace it, but say so.
-            print(f"{folder}: replacing an unfinished earlier attempt made with other options.", file=sys.stderr)
-        else:
+        same = old.get("config_hash") == stage_hash
+        finished = old.get("status") == "complete"
+        if same and finished:
+            print(
+                f"{folder} is up to date (same config); skipping. "
+                "Pass run.overwrite=true to redo.",
+                file=sys.stderr,
+            )
+            return None
+        if not same and (finished or resume):
             differing = _differing_keys(folder, cfg, keys)
             old_inputs = {k: v.get("sha256") for k, v in (old.get("inputs") or {}).items()}
             new_inputs = {k: v["sha256"] for k, v in input_records.items()}
@@ -340,12 +472,26 @@ def begin_stage(
             if old_inputs != new_inputs:
                 what.append("inputs")
             detail = f" (differs in: {', '.join(what)})" if what else ""
+            if finished:
+                raise RunError(
+                    f"{folder} holds {stage} outputs made with other options{detail}; "
+                    "pass run.tag=NAME to keep both, or run.overwrite=true to replace them"
+                )
             raise RunError(
-                f"{folder} holds {stage} outputs made with other options{detail}; "
-                "pass run.tag=NAME to keep both, or run.overwrite=true to replace them"
+                f"cannot resume {folder}: its unfinished {stage} attempt was made with other options{detail}; "
+                "resume with the same options, or pass run.overwrite=true to start over"
             )
+        if not same:
+            # An attempt that died holds nothing finished; replace it, but say so.
+            print(f"{folder}: replacing an unfinished earlier attempt made with other options.", file=sys.stderr)
+        continuing = same and resume
+        # Same options, but the last attempt did not finish: run (or, resuming, continue) it.
 
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(os_error_message(e, folder, writing=True)) from e
+    remove_stale_temporaries(folder)
     atomic_write_text(folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_text(folder / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
     manifest: dict[str, Any] = {
@@ -361,6 +507,9 @@ def begin_stage(
         "hostname": socket.gethostname(),
         "command": list(sys.argv),
     }
+    if continuing:
+        manifest["created"] = old.get("created", manifest["created"])
+        manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv)}]
     _write_manifest(folder, manifest)
     return StageOutput(folder, manifest)
 
