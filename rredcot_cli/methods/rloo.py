@@ -1,0 +1,50 @@
+"""RLOO: REINFORCE with a leave-one-out baseline (Ahmadian et al., 2024, "Back to Basics:
+Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
+arXiv 2402.14740).
+
+Every token of completion i in a group of k completions gets
+
+    A_i = r_i - (1 / (k - 1)) * sum_{j != i} r_j  =  k / (k - 1) * (r_i - mean(r_group))
+
+the reward minus the mean reward of the *other* completions: an unbiased baseline (it does not
+depend on y_i) with no std scaling. A group of one completion has no other samples; it keeps its
+raw reward, as verl's ``compute_rloo_outcome_advantage`` does (and as ``grpo`` does here).
+
+The original paper optimises sequence-level REINFORCE with a KL-shaped reward; as in verl's
+``rloo`` estimator, this method only supplies the advantage and the shared clipped surrogate
+(``train.clip_low``/``clip_high``, ``train.kl_coef``) is the loss.
+
+Shapes: rewards (B,), group_ids (B,) -> token advantages (B, T), exactly 0 on padding; segment
+credits (B, S) = A_i on every existing segment; no state values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rredcot_cli.methods import register
+from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage
+
+
+@dataclass
+class RLOOParams:
+    pass
+
+
+def rloo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) rewards, (B,) group ids -> (B,) leave-one-out advantages r_i - mean_{j != i} r_j."""
+    rewards = rewards.to(torch.float32)
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(counts.shape[0]).index_add_(0, inverse, rewards)
+    k = counts[inverse].to(torch.float32)
+    others_mean = (sums[inverse] - rewards) / (k - 1).clamp(min=1)
+    # k = 1: no other completion to form a baseline from, so the baseline is 0.
+    return torch.where(k > 1, rewards - others_mean, rewards)
+
+
+@register("rloo", params=RLOOParams)
+def rloo(batch: CreditBatch) -> Credit:
+    """Leave-one-out advantage broadcast to all tokens and segments; no state values."""
+    return broadcast_sequence_advantage(rloo_advantage(batch.rewards, batch.group_ids), batch)
