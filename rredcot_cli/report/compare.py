@@ -1,0 +1,686 @@
+"""Side-by-side comparison of finished training runs (``rredcot report``).
+
+Reads what ``rredcot train`` leaves in each run dir (``train/summary.json``, ``metrics.parquet``,
+``eval.parquet``, ``config.yaml``, ``manifest.json``), groups the runs by method and by every
+other option that differs between them (seeds are what varies inside a group), and aggregates
+over seeds with 95% Student-t intervals (``rredcot_cli.metrics.mean_ci``):
+
+- held-out pass@1 against the training step (step 0 is the eval before training);
+- final held-out accuracy by chain length (``steps`` of synthetic problems);
+- final pass@1, pass@k, maj@k, the change in pass@1 from before training, wall time and
+  generated tokens;
+- credit quality, from ``credit_quality.parquet`` / ``judge/**/*.parquet`` in a run dir when
+  there are any (read generically: every numeric column averaged per run, then over runs), and
+  the cost of ``rredcot attribute`` on saved traces when its manifests are there.
+
+``build_report(paths)`` loads and aggregates; ``write_report(report, out_dir)`` writes
+``report.md``, ``report.csv``, ``accuracy_vs_step.png`` and ``accuracy_by_length.png`` (plus
+``credit_quality.csv`` when there are credit-quality results), each atomically.
+matplotlib is imported inside the plotting functions only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from rredcot_cli import runs as run_files
+from rredcot_cli.errors import ArtifactError, RunError
+from rredcot_cli.metrics import accuracy_by_bucket, mean_ci
+
+CONFIDENCE = 0.95
+# Config groups that decide what a training run computes (train's config keys, without seed).
+GROUPING_KEYS = ("model", "backend", "benchmark", "segment", "method", "sampling", "train")
+# Leaves that say how a run was executed, not what it computed: never split groups.
+IGNORED_LEAVES = {"train.resume", "train.max_nonfinite_updates", "train.save_every", "backend.num_threads",
+                  "benchmark.verify_timeout_s"}
+TRAIN_FILES = ("manifest.json", "config.yaml", "summary.json", "metrics.parquet", "eval.parquet")
+# Credit-quality files: columns that identify rows rather than measure anything.
+ID_COLUMNS = {"prompt_id", "sample_idx", "segment_idx", "step", "seed"}
+MAX_KEY_VALUES = 20  # a string column with more distinct values is an id, not a key
+
+
+@dataclass
+class RunResult:
+    """One finished training run, as the report needs it."""
+
+    path: Path  # the run dir (the folder holding train/)
+    train_dir: Path
+    method: str
+    seed: int
+    config: dict[str, Any]  # the resolved config.yaml of the train stage
+    summary: dict[str, Any]  # summary.json
+    curve: dict[int, float]  # step -> held-out pass@1 (0 = before training)
+    by_length: dict[int, float]  # chain length -> final held-out accuracy (samples pooled)
+    credit_quality: list[tuple[str, Any]] = field(default_factory=list)  # (file relative to path, pyarrow table)
+    attribute_seconds: dict[str, float] = field(default_factory=dict)  # attribute folder -> seconds
+    sample_seconds: float | None = None
+    label: str = ""
+
+
+@dataclass
+class Stat:
+    """A mean over runs with its confidence interval (NaN bounds with fewer than two runs)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Stat":
+        mean, low, high = mean_ci(list(values), CONFIDENCE)
+        return cls(mean, low, high, len(values))
+
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def text(self, digits: int = 3) -> str:
+        """``0.712 ± 0.041``, or ``0.712`` when there is no interval."""
+        if math.isnan(self.low):
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.half_width():.{digits}f}"
+
+
+@dataclass
+class GroupSummary:
+    label: str
+    method: str
+    runs: list[RunResult]
+    k: int  # the largest k with pass@k / maj@k in every run's final eval
+    pass1: Stat
+    pass1_before: Stat
+    delta_pass1: Stat
+    pass_k: Stat
+    maj_k: Stat
+    seconds: Stat
+    generated_tokens: Stat
+    curve: dict[int, Stat]  # steps every run evaluated
+    by_length: dict[int, Stat]  # chain lengths every run's final eval has
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(r.seed for r in self.runs)
+
+
+@dataclass
+class Report:
+    runs: list[RunResult]
+    groups: list[GroupSummary]
+    benchmark: dict[str, Any]
+    credit_quality: list[dict[str, Any]]  # rows: group, source, key columns, measures (Stat)
+    credit_quality_columns: dict[str, tuple[list[str], list[str]]]  # source -> (key columns, measures)
+    attribute_costs: list[dict[str, Any]]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _train_dir(path: Path) -> tuple[Path, Path]:
+    """``(run_dir, train_dir)`` for a run dir, or for a train stage folder given directly.
+    Raises ``RunError`` naming the path and what is missing."""
+    if not path.is_dir():
+        raise RunError(f"{path}: no such run directory")
+    own = _read_manifest(path)
+    if own is not None and own.get("stage") == "train":
+        return path.parent, path
+    train = path / "train"
+    if not train.is_dir():
+        tagged = sorted(p.name for p in path.glob("train-*") if p.is_dir())
+        hint = f" (it has {', '.join(tagged)}: pass {path / tagged[0]} to use a tagged run)" if tagged else \
+            f" (run `rredcot train run.dir={path}` first)"
+        raise RunError(f"{path} has no finished train stage: no train/ folder{hint}")
+    return path, train
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A stage folder's manifest.json; None when there is none, a status "unreadable" when broken."""
+    path = folder / run_files.MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"status": "unreadable"}
+    return manifest if isinstance(manifest, dict) else {"status": "unreadable"}
+
+
+def _check_finished(train: Path) -> None:
+    missing = [name for name in TRAIN_FILES if not (train / name).is_file()]
+    manifest = _read_manifest(train)
+    if manifest is not None and manifest.get("status") != "complete":
+        raise RunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
+                       f"{manifest.get('status')!r} (still running, or it stopped); finish or rerun it")
+    if missing:
+        raise RunError(f"{train} is not a finished train stage: missing {', '.join(missing)}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path} is not readable JSON ({e})") from e
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ArtifactError(f"{path} is not readable YAML ({type(e).__name__})") from e
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path} does not hold a config mapping")
+    return data
+
+
+def load_run(path: str | Path) -> RunResult:
+    """Read one finished training run; ``RunError``/``ArtifactError`` say what is missing."""
+    from rredcot_cli import artifacts
+
+    run_dir, train = _train_dir(Path(path))
+    _check_finished(train)
+    config = _read_yaml(train / "config.yaml")
+    summary = _read_json(train / "summary.json")
+    for key in ("eval_before", "eval_after"):
+        if "pass@1" not in (summary.get(key) or {}):
+            raise ArtifactError(f"{train / 'summary.json'} has no {key}['pass@1']")
+    metrics = artifacts.read_artifact("train_metrics", train / "metrics.parquet").to_pylist()
+    eval_rows = artifacts.read_artifact("eval", train / "eval.parquet").to_pylist()
+
+    curve = {0: float(summary["eval_before"]["pass@1"])}
+    for row in metrics:
+        if row["eval_accuracy"] is not None:
+            curve[int(row["step"])] = float(row["eval_accuracy"])
+    # Runs with train.eval_every=0 evaluate only at the end.
+    curve.setdefault(int(summary.get("steps", max(curve))), float(summary["eval_after"]["pass@1"]))
+    by_length = {int(k): v["accuracy"] for k, v in accuracy_by_bucket(eval_rows, key="steps").items()}
+
+    result = RunResult(
+        path=run_dir, train_dir=train, method=str(summary.get("method") or config["method"]["name"]),
+        seed=int(config.get("seed", 0)), config=config, summary=summary, curve=curve, by_length=by_length,
+    )
+    result.credit_quality = _credit_quality_tables(run_dir)
+    result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
+    return result
+
+
+def _credit_quality_tables(run_dir: Path) -> list[tuple[str, Any]]:
+    """Every ``credit_quality.parquet`` / ``judge/**/*.parquet`` table of a run dir."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [run_dir / "credit_quality.parquet"] if (run_dir / "credit_quality.parquet").is_file() else []
+    judge = run_dir / "judge"
+    if judge.is_dir():
+        files += sorted(p for p in judge.rglob("*.parquet") if p.is_file() and run_files.TMP_MARK not in p.name)
+    tables = []
+    for file in files:
+        try:
+            tables.append((file.relative_to(run_dir).as_posix(), pq.read_table(file)))
+        except (pa.ArrowException, OSError) as e:
+            raise ArtifactError(f"{file} is not a readable Parquet file ({e})") from e
+    return tables
+
+
+def _stage_costs(run_dir: Path) -> tuple[dict[str, float], float | None]:
+    """Seconds of each finished ``attribute*/<method>`` stage and of the ``sample`` stage."""
+    costs = {}
+    for manifest_path in sorted(run_dir.glob("attribute*/*/manifest.json")):
+        manifest = _read_manifest(manifest_path.parent) or {}
+        seconds = (manifest.get("extra") or {}).get("seconds")
+        if manifest.get("status") == "complete" and seconds is not None:
+            costs[manifest_path.parent.relative_to(run_dir).as_posix()] = float(seconds)
+    sample = _read_manifest(run_dir / "sample") or {}
+    sample_seconds = (sample.get("extra") or {}).get("seconds") if sample.get("status") == "complete" else None
+    return costs, (float(sample_seconds) if sample_seconds is not None else None)
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[RunResult]:
+    """Load every run (each path once); one ``RunError`` lists all unfinished or missing ones."""
+    if not paths:
+        raise RunError("no run directories given")
+    seen, unique = set(), []
+    for p in paths:
+        if Path(p).resolve() not in seen:
+            seen.add(Path(p).resolve())
+            unique.append(Path(p))
+    results, problems = [], []
+    for p in unique:
+        try:
+            results.append(load_run(p))
+        except RunError as e:
+            problems.append(str(e))
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise RunError("; ".join(problems[:3]) + more)
+    check_same_benchmark(results)
+    return results
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        found = {}
+        for key, sub in value.items():
+            found.update(_leaves(sub, f"{prefix}.{key}"))
+        return found
+    return {prefix: value}
+
+
+def _config_leaves(config: dict[str, Any], groups: Sequence[str]) -> dict[str, Any]:
+    found = {}
+    for group in groups:
+        if group in config:
+            found.update(_leaves(config[group], group))
+    return {k: v for k, v in found.items() if k not in IGNORED_LEAVES}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def check_same_benchmark(results: Sequence[RunResult]) -> None:
+    """``RunError`` naming two runs and the benchmark options they differ in."""
+    first = results[0]
+    reference = _config_leaves(first.config, ["benchmark"])
+    for other in results[1:]:
+        leaves = _config_leaves(other.config, ["benchmark"])
+        differing = [k for k in sorted(set(reference) | set(leaves)) if not _same(reference.get(k), leaves.get(k))]
+        if differing:
+            shown = ", ".join(f"{k}={reference.get(k)} vs {leaves.get(k)}" for k in differing[:3])
+            raise RunError(f"the runs mix benchmarks: {first.path} and {other.path} differ in {shown}; "
+                           "compare runs on one benchmark (same benchmark options) at a time")
+
+
+def _varying(results: Sequence[RunResult], keys_of) -> set[str]:  # noqa: ANN001 - a function
+    """Leaves whose value is not the same in every run that has them."""
+    values: dict[str, list[Any]] = {}
+    for r in results:
+        for key, value in keys_of(r).items():
+            values.setdefault(key, []).append(value)
+    return {k for k, vs in values.items() if any(not _same(vs[0], v) for v in vs[1:])}
+
+
+def assign_labels(results: Sequence[RunResult]) -> None:
+    """Label each run ``method`` plus every option that differs (``rredcot · segment.name=fixed``).
+
+    Non-method options count when they differ anywhere in the set; ``method.*`` parameters when
+    they differ between runs of the same method (methods have different parameters anyway).
+    """
+    others = [g for g in GROUPING_KEYS if g != "method"]
+    shared = _varying(results, lambda r: _config_leaves(r.config, others))
+    by_method: dict[str, set[str]] = {}
+    for method in {r.method for r in results}:
+        same_method = [r for r in results if r.method == method]
+        by_method[method] = _varying(same_method, lambda r: _config_leaves(r.config, ["method"])) - {"method.name"}
+    for r in results:
+        leaves = _config_leaves(r.config, GROUPING_KEYS)
+        keys = sorted(by_method[r.method] & set(leaves)) + sorted(shared & set(leaves))
+        r.label = r.method + ("".join(f" · {k}={leaves[k]}" for k in keys) if keys else "")
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _largest_k(results: Sequence[RunResult]) -> int:
+    common = None
+    for r in results:
+        ks = {int(key.split("@")[1]) for key in r.summary["eval_after"] if key.startswith("pass@")}
+        ks &= {int(key.split("@")[1]) for key in r.summary["eval_after"] if key.startswith("maj@")}
+        common = ks if common is None else common & ks
+    return max(common or {1})
+
+
+def summarize_group(label: str, results: list[RunResult]) -> GroupSummary:
+    k = _largest_k(results)
+    after = [r.summary["eval_after"] for r in results]
+    before = [r.summary["eval_before"] for r in results]
+    steps = set.intersection(*(set(r.curve) for r in results))
+    lengths = set.intersection(*(set(r.by_length) for r in results))
+    return GroupSummary(
+        label=label, method=results[0].method, runs=sorted(results, key=lambda r: (r.seed, str(r.path))), k=k,
+        pass1=Stat.of([a["pass@1"] for a in after]),
+        pass1_before=Stat.of([b["pass@1"] for b in before]),
+        delta_pass1=Stat.of([a["pass@1"] - b["pass@1"] for a, b in zip(after, before)]),
+        pass_k=Stat.of([a[f"pass@{k}"] for a in after]),
+        maj_k=Stat.of([a[f"maj@{k}"] for a in after]),
+        seconds=Stat.of([float(r.summary.get("seconds", math.nan)) for r in results]),
+        generated_tokens=Stat.of([float(r.summary.get("generated_tokens", math.nan)) for r in results]),
+        curve={s: Stat.of([r.curve[s] for r in results]) for s in sorted(steps)},
+        by_length={n: Stat.of([r.by_length[n] for r in results]) for n in sorted(lengths)},
+    )
+
+
+def _is_numeric(type_) -> bool:  # noqa: ANN001 - a pyarrow type
+    import pyarrow as pa
+
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
+
+
+def _is_text(type_) -> bool:  # noqa: ANN001 - a pyarrow type
+    import pyarrow as pa
+
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
+
+
+def credit_quality_summary(groups: Sequence[GroupSummary]):
+    """Rows of the credit-quality table and, per source file, its (key columns, measure columns).
+
+    Key columns are the text columns with few distinct values (e.g. the method judged); measures
+    are the numeric columns (booleans as fractions). Each run contributes the mean of its rows per
+    key; the row shows the mean (and interval) of those over the group's runs.
+    """
+    columns: dict[str, tuple[list[str], list[str]]] = {}
+    per_run: dict[tuple[str, str, tuple], dict[str, list[float]]] = {}
+    for group in groups:
+        for run in group.runs:
+            for source, table in run.credit_quality:
+                keys = [f.name for f in table.schema if _is_text(f.type) and f.name not in ID_COLUMNS
+                        and len(set(table.column(f.name).to_pylist())) <= MAX_KEY_VALUES]
+                measures = [f.name for f in table.schema if _is_numeric(f.type) and f.name not in ID_COLUMNS]
+                known_keys, known_measures = columns.get(source, ([], []))
+                columns[source] = (known_keys + [c for c in keys if c not in known_keys],
+                                   known_measures + [c for c in measures if c not in known_measures])
+                rows = table.select(keys + measures).to_pylist()
+                buckets: dict[tuple, list[dict]] = {}
+                for row in rows:
+                    buckets.setdefault(tuple((c, row[c]) for c in keys), []).append(row)
+                for key, bucket in buckets.items():
+                    target = per_run.setdefault((group.label, source, key), {})
+                    for m in measures:
+                        values = [float(row[m]) for row in bucket if row[m] is not None]
+                        if values:
+                            target.setdefault(m, []).append(sum(values) / len(values))
+    result = []
+    for (label, source, key), measures in per_run.items():
+        result.append({"group": label, "source": source, **dict(key),
+                       **{m: Stat.of(values) for m, values in measures.items()}})
+    return result, columns
+
+
+def attribute_cost_summary(groups: Sequence[GroupSummary]) -> list[dict[str, Any]]:
+    """Seconds of each ``rredcot attribute`` folder found in the runs, and relative to sampling."""
+    rows = []
+    for group in groups:
+        folders = sorted({f for r in group.runs for f in r.attribute_seconds})
+        for folder in folders:
+            runs_with = [r for r in group.runs if folder in r.attribute_seconds]
+            ratios = [r.attribute_seconds[folder] / r.sample_seconds for r in runs_with if r.sample_seconds]
+            rows.append({"group": group.label, "attribute": folder,
+                         "seconds": Stat.of([r.attribute_seconds[folder] for r in runs_with]),
+                         "relative_to_sampling": Stat.of(ratios) if ratios else None})
+    return rows
+
+
+def build_report(paths: Sequence[str | Path]) -> Report:
+    """Load, group and aggregate the runs at ``paths``."""
+    results = load_runs(paths)
+    assign_labels(results)
+    grouped: dict[str, list[RunResult]] = {}
+    for r in results:
+        grouped.setdefault(r.label, []).append(r)
+    groups = [summarize_group(label, grouped[label]) for label in sorted(grouped)]
+    quality, quality_columns = credit_quality_summary(groups)
+    return Report(runs=results, groups=groups, benchmark=results[0].config.get("benchmark", {}),
+                  credit_quality=quality, credit_quality_columns=quality_columns,
+                  attribute_costs=attribute_cost_summary(groups))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(x: Any) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _seeds_text(group: GroupSummary) -> str:
+    return f"{len(group.runs)} ({', '.join(str(s) for s in group.seeds)})"
+
+
+def _signed(stat: Stat) -> str:
+    text = stat.text()
+    return text if text.startswith("-") else "+" + text
+
+
+def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The main table as text cells (shared by report.md and the terminal table). With one k
+    for every group the header names it (pass@8); otherwise each cell does."""
+    ks = {g.k for g in report.groups}
+    k_header = str(ks.pop()) if len(ks) == 1 else "k"
+    header = ["method", "seeds", "pass@1", "Δ pass@1", f"pass@{k_header}", f"maj@{k_header}", "wall s",
+              "generated tokens"]
+    rows = []
+    for g in report.groups:
+        k_cell = "" if k_header != "k" else f" (k={g.k})"
+        rows.append([g.label, _seeds_text(g), g.pass1.text(), _signed(g.delta_pass1),
+                     g.pass_k.text() + k_cell, g.maj_k.text() + k_cell, g.seconds.text(0), g.generated_tokens.text(0)])
+    return header, rows
+
+
+def render_markdown(report: Report) -> str:
+    b = report.benchmark
+    first = report.runs[0].summary["eval_after"]
+    steps_range = f", chain length {b['min_steps']}–{b['max_steps']}" if b.get("min_steps") is not None else ""
+    parts = [
+        "# rredcot comparison report",
+        f"{len(report.runs)} training runs in {len(report.groups)} groups on benchmark `{b.get('name')}` "
+        f"(held-out split `{b.get('eval_split')}`{steps_range}; final eval of the first run: "
+        f"{first.get('num_problems')} problems × {first.get('n')} samples). "
+        "Runs are grouped by method and by every option that differs between them; seeds vary within a "
+        f"group. `±` is the half-width of a {CONFIDENCE:.0%} Student-t interval over seeds "
+        "(none with one seed).",
+        "## Final held-out accuracy",
+        _md_table(*summary_rows(report)),
+        "pass@1 is the mean over problems of the fraction of correct samples; pass@k is unbiased; "
+        "maj@k is majority voting over the first k samples. Δ pass@1 is after minus before training, per run. "
+        "Wall seconds and generated tokens cover the whole `rredcot train` run (held-out evals included "
+        "in the seconds, training rollouts only in the tokens).",
+        "## Held-out accuracy vs policy updates",
+        "![held-out pass@1 vs step](accuracy_vs_step.png)",
+    ]
+    steps = sorted({s for g in report.groups for s in g.curve})
+    parts.append(_md_table(["step"] + [g.label for g in report.groups],
+                           [[s] + [g.curve[s].text() if s in g.curve else "" for g in report.groups] for s in steps]))
+    parts.append("Step 0 is the held-out eval before training; a step is one batch of rollouts and its "
+                 "policy updates.")
+    parts += ["## Final accuracy by chain length", "![accuracy by chain length](accuracy_by_length.png)"]
+    lengths = sorted({n for g in report.groups for n in g.by_length})
+    if lengths:
+        parts.append(_md_table(["chain length"] + [g.label for g in report.groups],
+                               [[n] + [g.by_length[n].text() if n in g.by_length else "" for g in report.groups]
+                                for n in lengths]))
+        parts.append("Per run, the fraction of correct samples among the final eval's problems of that length; "
+                     "then mean and interval over seeds.")
+    else:
+        parts.append("The eval rows have no chain length (`steps`), so there is no breakdown by length.")
+    parts += ["## Credit quality", _credit_quality_markdown(report)]
+    parts += ["## Cost", _cost_markdown(report)]
+    parts += ["## Runs", _md_table(
+        ["run dir", "group", "seed", "steps", "pass@1 before", "pass@1 after", "wall s", "generated tokens"],
+        [[str(r.path), r.label, r.seed, r.summary.get("steps", ""), f"{r.summary['eval_before']['pass@1']:.3f}",
+          f"{r.summary['eval_after']['pass@1']:.3f}", f"{float(r.summary.get('seconds', math.nan)):.0f}",
+          r.summary.get("generated_tokens", "")]
+         for g in report.groups for r in g.runs])]
+    return "\n\n".join(parts) + "\n"
+
+
+def _credit_quality_markdown(report: Report) -> str:
+    if not report.credit_quality:
+        return ("No credit-quality results in these run dirs (looked for `credit_quality.parquet` and "
+                "`judge/**/*.parquet`).")
+    parts = []
+    for source, (keys, measures) in report.credit_quality_columns.items():
+        rows = [row for row in report.credit_quality if row["source"] == source]
+        parts.append(f"From `{source}` (mean per run, then over the group's runs):")
+        parts.append(_md_table(["method (run group)"] + keys + measures,
+                               [[row["group"]] + [row.get(k, "") for k in keys]
+                                + [row[m].text() if m in row else "" for m in measures] for row in rows]))
+    return "\n\n".join(parts)
+
+
+def _cost_markdown(report: Report) -> str:
+    rows = []
+    for g in report.groups:
+        steps = [float(r.summary.get("steps") or math.nan) for r in g.runs]
+        per_step = Stat.of([float(r.summary.get("seconds", math.nan)) / s for r, s in zip(g.runs, steps)])
+        tokens_per_s = Stat.of([float(r.summary.get("generated_tokens", math.nan)) / float(r.summary.get("seconds", math.nan))
+                                for r in g.runs])
+        rows.append([g.label, g.seconds.text(0), per_step.text(2), g.generated_tokens.text(0), tokens_per_s.text(0)])
+    parts = [_md_table(["method", "wall s", "s per step", "generated tokens", "generated tokens per wall s"], rows)]
+    if report.attribute_costs:
+        parts.append("`rredcot attribute` on the saved traces of these run dirs:")
+        parts.append(_md_table(["method (run group)", "attribute folder", "seconds", "× sample stage seconds"],
+                               [[row["group"], row["attribute"], row["seconds"].text(2),
+                                 row["relative_to_sampling"].text(2) if row["relative_to_sampling"] else "no sample stage"]
+                                for row in report.attribute_costs]))
+    return "\n\n".join(parts)
+
+
+def _num(x: float) -> str:
+    return "" if x is None or math.isnan(x) else repr(float(x))
+
+
+CSV_HEADER = [
+    "group", "method", "n_seeds", "seeds", "k",
+    "pass@1_mean", "pass@1_ci_low", "pass@1_ci_high", "pass@1_before_mean",
+    "delta_pass@1_mean", "delta_pass@1_ci_low", "delta_pass@1_ci_high",
+    "pass@k_mean", "pass@k_ci_low", "pass@k_ci_high", "maj@k_mean", "maj@k_ci_low", "maj@k_ci_high",
+    "seconds_mean", "generated_tokens_mean", "run_dirs",
+]
+
+
+def render_csv(report: Report) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    for g in report.groups:
+        writer.writerow([
+            g.label, g.method, len(g.runs), " ".join(str(s) for s in g.seeds), g.k,
+            _num(g.pass1.mean), _num(g.pass1.low), _num(g.pass1.high), _num(g.pass1_before.mean),
+            _num(g.delta_pass1.mean), _num(g.delta_pass1.low), _num(g.delta_pass1.high),
+            _num(g.pass_k.mean), _num(g.pass_k.low), _num(g.pass_k.high),
+            _num(g.maj_k.mean), _num(g.maj_k.low), _num(g.maj_k.high),
+            _num(g.seconds.mean), _num(g.generated_tokens.mean), " ".join(str(r.path) for r in g.runs),
+        ])
+    return buffer.getvalue()
+
+
+def render_credit_quality_csv(report: Report) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["group", "source", "column", "value", "n_runs", "mean", "ci_low", "ci_high"])
+    for row in report.credit_quality:
+        keys, measures = report.credit_quality_columns[row["source"]]
+        key_text = " ".join(f"{k}={row[k]}" for k in keys if k in row)
+        for m in measures:
+            if m in row:
+                s = row[m]
+                writer.writerow([row["group"], row["source"], key_text, m, s.n, _num(s.mean), _num(s.low), _num(s.high)])
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _figure(title: str):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and chain lengths are whole numbers
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def plot_accuracy_vs_step(groups: Sequence[GroupSummary], path: str | Path) -> Path:
+    """Mean held-out pass@1 per step, one line per group, a shaded 95% band where there is one."""
+    fig, ax = _figure(f"held-out pass@1 vs training step (mean, {CONFIDENCE:.0%} CI over seeds)")
+    for group, color in zip(groups, _colors(len(groups))):
+        steps = sorted(group.curve)
+        means = [group.curve[s].mean for s in steps]
+        ax.plot(steps, means, marker="o", markersize=3, color=color, label=f"{group.label} (n={len(group.runs)})")
+        lows, highs = [group.curve[s].low for s in steps], [group.curve[s].high for s in steps]
+        if not any(math.isnan(x) for x in lows):
+            ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
+    ax.set_xlabel("training step (one batch of rollouts and its policy updates)")
+    ax.set_ylabel("held-out pass@1")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def plot_accuracy_by_length(groups: Sequence[GroupSummary], path: str | Path) -> Path:
+    """Final held-out accuracy per chain length, one line per group with 95% error bars."""
+    fig, ax = _figure(f"final held-out accuracy by chain length (mean, {CONFIDENCE:.0%} CI over seeds)")
+    if not any(g.by_length for g in groups):
+        ax.text(0.5, 0.5, "no chain lengths in the eval rows", ha="center", va="center", transform=ax.transAxes)
+    width = 0.25 / max(1, len(groups))
+    for i, (group, color) in enumerate(zip(groups, _colors(len(groups)))):
+        if not group.by_length:
+            continue
+        lengths = sorted(group.by_length)
+        xs = [n + (i - (len(groups) - 1) / 2) * width for n in lengths]  # side by side, not on top
+        means = [group.by_length[n].mean for n in lengths]
+        errors = [[0.0 if math.isnan(group.by_length[n].low) else group.by_length[n].mean - group.by_length[n].low
+                   for n in lengths],
+                  [0.0 if math.isnan(group.by_length[n].high) else group.by_length[n].high - group.by_length[n].mean
+                   for n in lengths]]
+        ax.errorbar(xs, means, yerr=errors, marker="o", markersize=4, capsize=3, color=color,
+                    label=f"{group.label} (n={len(group.runs)})")
+    ax.set_xlabel("chain length (computed steps)")
+    ax.set_ylabel("held-out accuracy (fraction of samples correct)")
+    ax.set_ylim(-0.02, 1.02)
+    if any(g.by_length for g in groups):
+        ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:  # noqa: ANN001 - a matplotlib Figure
+    path = Path(path)
+    with run_files.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    return path
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_report(report: Report, out_dir: str | Path) -> list[Path]:
+    """Write every file of the report into ``out_dir`` (each atomically); returns their paths."""
+    out_dir = Path(out_dir)
+    written = [
+        run_files.atomic_write_text(out_dir / "report.md", render_markdown(report)),
+        run_files.atomic_write_text(out_dir / "report.csv", render_csv(report)),
+        plot_accuracy_vs_step(report.groups, out_dir / "accuracy_vs_step.png"),
+        plot_accuracy_by_length(report.groups, out_dir / "accuracy_by_length.png"),
+    ]
+    quality_csv = out_dir / "credit_quality.csv"
+    if report.credit_quality:
+        written.append(run_files.atomic_write_text(quality_csv, render_credit_quality_csv(report)))
+    elif quality_csv.exists():  # left by an earlier report over other runs
+        quality_csv.unlink()
+    return written

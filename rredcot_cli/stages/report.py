@@ -1,0 +1,39 @@
+"""`rredcot report RUN_DIR... [--out DIR]`: finished training runs side by side.
+
+Unlike the other stages it takes run dirs, not a config: it reads each ``<run>/train/`` (see
+``rredcot_cli.report.compare``) and writes ``report.md``, ``report.csv``,
+``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out`` (default ``runs/report``),
+rewritten atomically on every call, then prints the main table. A run dir without a finished
+train stage, or runs on different benchmarks, stop it with one line (``RunError``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_OUT = Path("runs/report")
+
+
+def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT) -> list[Path]:
+    """Build the report over ``run_dirs``, write it into ``out`` and print its table; returns the files."""
+    from rredcot_cli.report.compare import build_report, summary_rows, write_report
+
+    report = build_report(run_dirs)
+    written = write_report(report, out)
+    header, rows = summary_rows(report)
+    table = Table(title=f"rredcot report · {report.benchmark.get('name')} · {len(report.runs)} runs",
+                  show_header=True, header_style="bold")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    console.print("± : 95% Student-t interval over seeds (none with one seed)")
+    for path in written:
+        print(path)
+    return written
