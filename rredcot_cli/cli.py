@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
@@ -166,6 +167,31 @@ def sft(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
 def heatmap(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
     """Render chosen completions coloured by credit (HTML page + PNG) -> heatmap/<method>/."""
     run_stage("heatmap", overrides, print_config)
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[
+        List[Path],
+        typer.Argument(help="Run dirs holding a finished train/ stage (or train[-TAG] folders).",
+                       show_default=False, metavar="RUN_DIR"),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.md, report.csv and the PNG plots.")] = Path(
+        "runs/report"),
+) -> None:
+    """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
+    try:
+        from rredcot_cli.stages import report as report_stage
+
+        report_stage.run(run_dirs, out)
+    except RredcotError as e:
+        typer.echo(f"error: {one_line(e)}", err=True)
+        raise typer.Exit(code=2) from None
+    except OSError as e:
+        if e.filename is None:
+            raise
+        typer.echo(f"error: {os_error_message(e)}", err=True)
+        raise typer.Exit(code=2) from None
 
 
 def main() -> None:
