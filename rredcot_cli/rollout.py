@@ -240,6 +240,8 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
             "pred_answers": [s["pred_answer"] for s in samples],
             "prompt_ids": [s["prompt_id"] for s in samples],
             "answer_probe": answer_probe,
+            # Benchmark name per row, so methods that verify new text (mc) can rebuild the verifier.
+            "benchmarks": [s.get("benchmark") for s in samples],
         },
     )
 
