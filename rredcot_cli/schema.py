@@ -134,7 +134,15 @@ class TrainConfig:
     eval_every: int = 10
     eval_problems: int = 64
     eval_samples: int = 4
-    save_every: int = 0  # 0: only the final checkpoint
+    # Every this many steps, write checkpoints/step-N: the weights plus everything resuming needs
+    # (optimizer, LR scheduler, RNG states, step, metrics so far). 0: only the final checkpoint.
+    save_every: int = 10
+    # Continue an unfinished run in this run dir from its latest checkpoints/step-N (same options
+    # required; starts from scratch when there is none). Not part of the config hash.
+    resume: bool = False
+    # Stop the run when this many policy updates in a row had a non-finite (NaN/inf) loss or
+    # gradient; each is skipped (weights untouched) and logged. 0: never stop. Not hashed.
+    max_nonfinite_updates: int = 3
 
 
 @dataclass

@@ -42,7 +42,9 @@ class UpdateStats:
     entropy: float
     grad_norm: float
     lr: float
-    skipped: int  # minibatch steps skipped because the loss was not finite
+    skipped: int  # minibatch steps skipped because the loss or the gradient was not finite
+    updates: int  # minibatch steps taken
+    trailing_skipped: int  # skipped steps after the last one taken (all of them if none was)
 
 
 def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
@@ -96,7 +98,9 @@ def policy_update(
     """``updates_per_batch`` passes over the batch in shuffled minibatches.
 
     advantages: (B, T) with T = the longest completion; zero on padding. The old log-probs are
-    the policy's own before the first step (so the first minibatch step has ratio 1)."""
+    the policy's own before the first step (so the first minibatch step has ratio 1). A minibatch
+    whose loss or gradient norm is not finite changes nothing (no optimizer or scheduler step);
+    ``skipped`` and ``trailing_skipped`` count them so the caller can stop a run that diverged."""
     B = len(completion_ids)
     model.eval()
     old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, minibatch_size)
@@ -107,7 +111,7 @@ def policy_update(
 
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
-    steps = skipped = 0
+    steps = skipped = trailing = 0
     for _ in range(updates_per_batch):
         order = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, minibatch_size):
@@ -136,15 +140,26 @@ def policy_update(
             optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(loss):
                 skipped += 1
+                trailing += 1
                 continue
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+            if not torch.isfinite(grad_norm):
+                # A finite loss can still have an inf/NaN gradient; one such step would poison the
+                # weights and the optimizer moments for good, so it is skipped like a NaN loss.
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                trailing += 1
+                continue
             optimizer.step()
             scheduler.step()
             steps += 1
+            trailing = 0
             for key in ("loss", "clip_fraction", "kl_ref", "approx_kl_old"):
                 totals[key] += getattr(stats, key)
             totals["grad_norm"] += float(grad_norm)
     model.eval()
-    mean = {k: v / max(1, steps) for k, v in totals.items()}
-    return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, **mean)
+    # With every step skipped there is no loss to report: NaN says so in the metrics.
+    mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}
+    return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, updates=steps,
+                       trailing_skipped=trailing, **mean)

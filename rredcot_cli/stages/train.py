@@ -1,12 +1,21 @@
 """`rredcot train`: the policy loop. Every step samples a group per prompt, segments the
 completions, asks the chosen credit method for per-token advantages, and takes clipped-ratio
 policy-gradient steps. The loop never looks at which method it runs.
+
+Every ``train.save_every`` steps it writes ``checkpoints/step-N``: the weights plus the optimizer,
+LR scheduler, RNG states (torch, numpy, python, the minibatch shuffler), the step (which is the
+data cursor: step k trains on problems (k-1)*prompts_per_step...) and the metrics so far.
+``train.resume=true`` continues an unfinished run from the latest one; since sampling seeds are
+derived from (seed, step), the resumed steps equal those of an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import random
+import re
+import shutil
 import time
 
 import torch
@@ -14,6 +23,7 @@ from omegaconf import DictConfig
 from rich.table import Table
 
 from rredcot_cli import artifacts, runs
+from rredcot_cli.errors import TrainingError
 from rredcot_cli.rollout import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.stages.common import (
@@ -29,21 +39,34 @@ from rredcot_cli.stages.common import (
 from rredcot_cli.update import lr_lambda, policy_update
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
+# train.* keys that say how to run, not what to compute: left out of the config hash so that a
+# resumed run (or one with another divergence limit) is the same run.
+UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates")
+STATE_FILE = "trainer_state.pt"
+STATE_FORMAT = 1
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
-    out = runs.begin_stage(cfg, "train", overrides, inputs={}, keys=CONFIG_KEYS)
+    t, s = cfg.train, cfg.sampling
+    out = runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={}, keys=CONFIG_KEYS, resume=t.resume)
     if out is None:
         return
-    t, s = cfg.train, cfg.sampling
+    checkpoints = out.dir / "checkpoints"
+    state = _latest_state(checkpoints, out.manifest["config_hash"]) if t.resume else None
+    if t.resume and state is None:
+        console.print(f"train.resume=true: no resumable checkpoint in {checkpoints}; starting from step 0")
+    if state is None:
+        _remove_step_checkpoints(checkpoints)  # they belong to the attempt this one replaces
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
     train_problems = benchmark.load(cfg.benchmark.train_split, limit=t.steps * t.prompts_per_step)
     eval_problems = benchmark.load(cfg.benchmark.eval_split, limit=t.eval_problems)
+    if not train_problems:
+        raise TrainingError(f"benchmark {benchmark.name}: split {cfg.benchmark.train_split!r} has no problems to train on")
     policy = make_policy(cfg)
     model, tokenizer = policy.model, policy.tokenizer
-    reference = _frozen_copy(model) if t.kl_coef else None
+    reference = _frozen_copy(model) if t.kl_coef else None  # the initial policy, also when resuming
     segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
     segment_needs_entropy = needs_entropy(cfg.segment.name)
     collaborators = {"scorer": policy.backend, "policy": policy}
@@ -61,12 +84,24 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                         seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}")
 
     started = time.perf_counter()
-    _, eval_before = held_out_eval(0)
-    console.print(f"held-out pass@1 before training: {eval_before['pass@1']:.3f}")
-    history: list[dict] = []
-    tokens_seen = 0
+    if state is None:
+        _, eval_before = held_out_eval(0)
+        console.print(f"held-out pass@1 before training: {eval_before['pass@1']:.3f}")
+        progress = {"step": 0, "history": [], "tokens_seen": 0, "eval_before": eval_before, "seconds": 0.0,
+                    "nonfinite_streak": 0, "skipped_updates": 0}
+    else:
+        progress = _restore(state, model, optimizer, scheduler, generator)
+        policy.backend.sync_weights(model)
+        eval_before = progress["eval_before"]
+        console.print(f"resuming {out.dir} from step {progress['step']} of {t.steps} ({state['path']})")
+    history: list[dict] = progress["history"]
+    tokens_seen = progress["tokens_seen"]
+    streak = progress["nonfinite_streak"]
+    skipped_total = progress["skipped_updates"]
+    first_step = progress["step"] + 1
     with progress_bar(f"train {spec.name}", total=t.steps) as advance:
-        for step in range(1, t.steps + 1):
+        advance(first_step - 1)
+        for step in range(first_step, t.steps + 1):
             step_started = time.perf_counter()
             problems = _cycle(train_problems, (step - 1) * t.prompts_per_step, t.prompts_per_step)
             samples = sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
@@ -101,31 +136,179 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                 _, summary = held_out_eval(step)
                 row["eval_accuracy"] = summary["pass@1"]
-            if t.save_every and step % t.save_every == 0 and step != t.steps:
-                _save_checkpoint(model, tokenizer, out.dir / "checkpoints" / f"step-{step:06d}")
             history.append(row)
+            streak = stats.trailing_skipped if stats.updates else streak + stats.skipped
+            skipped_total += stats.skipped
+            if stats.skipped:
+                console.print(f"[yellow]step {step}: skipped {stats.skipped} of {stats.skipped + stats.updates} "
+                              f"policy updates with a non-finite loss or gradient (weights unchanged by them)[/yellow]")
+            if t.max_nonfinite_updates and streak >= t.max_nonfinite_updates:
+                _stop_diverged(out.dir, history, step, streak, t.max_nonfinite_updates)
+            if t.save_every and step % t.save_every == 0 and step != t.steps:
+                progress.update(step=step, tokens_seen=tokens_seen, nonfinite_streak=streak,
+                                skipped_updates=skipped_total,
+                                seconds=progress["seconds"] + time.perf_counter() - started)
+                started = time.perf_counter()
+                _save_state(checkpoints / f"step-{step:06d}", model, tokenizer, optimizer, scheduler, generator,
+                            progress, out.manifest["config_hash"])
             info = f"reward {row['reward_mean']:.2f}"
             if row["eval_accuracy"] is not None:
                 info += f"  eval {row['eval_accuracy']:.3f}"
             advance(1, info=info)
 
-    final_dir = _save_checkpoint(model, tokenizer, out.dir / "checkpoints" / "final")
+    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final")
     eval_rows_after, eval_after = held_out_eval(t.steps)
-    seconds = time.perf_counter() - started
+    seconds = progress["seconds"] + time.perf_counter() - started
     metrics_path = artifacts.write_artifact("train_metrics", history, out.dir / "metrics.parquet")
     eval_path = artifacts.write_artifact("eval", eval_rows_after, out.dir / "eval.parquet")
     summary = {"method": spec.name, "steps": t.steps, "seconds": seconds, "generated_tokens": tokens_seen,
-               "eval_before": eval_before, "eval_after": eval_after, "checkpoint": str(final_dir)}
+               "skipped_updates": skipped_total, "eval_before": eval_before, "eval_after": eval_after,
+               "checkpoint": str(final_dir)}
     runs.atomic_write_text(out.dir / "summary.json", json.dumps(summary, indent=2))
     out.finish({"metrics": metrics_path, "eval": eval_path, "summary": out.dir / "summary.json"},
-               extra={"seconds": seconds})
+               extra={"seconds": seconds, "resumed_from_step": first_step - 1 if state is not None else None})
     _print_summary(spec.name, history, eval_before, eval_after, seconds, final_dir)
+
+
+def _hashed_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with the ``UNHASHED_TRAIN_KEYS`` at their defaults: the config that names the run
+    (its hash and its config.yaml), the same whether or not it is resumed."""
+    from omegaconf import OmegaConf
+
+    from rredcot_cli.schema import TrainConfig
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    defaults = TrainConfig()
+    for key in UNHASHED_TRAIN_KEYS:
+        container["train"][key] = getattr(defaults, key)
+    hashed = OmegaConf.create(container)
+    OmegaConf.set_readonly(hashed, True)
+    return hashed
+
+
+def _stop_diverged(folder, history, step, streak, limit) -> None:
+    """Keep the metrics so far, then stop with one line saying why and what to try."""
+    metrics_path = artifacts.write_artifact("train_metrics", history, folder / "metrics.parquet")
+    raise TrainingError(
+        f"step {step}: {streak} policy updates in a row had a non-finite (NaN/inf) loss or gradient "
+        f"(train.max_nonfinite_updates={limit}); they were skipped, so the weights are the last finite ones; "
+        f"metrics so far are in {metrics_path}; try a lower train.lr or a smaller train.grad_clip"
+    )
+
+
+# --------------------------------------------------------------------------- resumable state
+
+
+def _save_state(path, model, tokenizer, optimizer, scheduler, generator, progress, config_hash) -> None:
+    """One checkpoint folder holding the weights (HF format) and ``trainer_state.pt``: the
+    optimizer, scheduler, RNG states, step and metrics so far. Written as a whole atomically, so
+    a folder that exists is complete."""
+    state = {
+        "format": STATE_FORMAT,
+        "config_hash": config_hash,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "generator": generator.get_state(),
+        "rng": _rng_states(),
+        "progress": copy.deepcopy(progress),
+    }
+    with runs.atomic_path(path) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+
+
+def _latest_state(checkpoints, config_hash: str) -> dict | None:
+    """The resumable state of the highest ``step-N`` checkpoint made with ``config_hash``."""
+    found = []
+    for folder in checkpoints.glob("step-*") if checkpoints.is_dir() else []:
+        match = re.fullmatch(r"step-(\d+)", folder.name)
+        if match and (folder / STATE_FILE).is_file():
+            found.append((int(match.group(1)), folder))
+    for _, folder in sorted(found, reverse=True):
+        try:
+            state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable state is skipped, loudly
+            console.print(f"[yellow]{folder / STATE_FILE} is unreadable ({type(e).__name__}); trying an older one[/yellow]")
+            continue
+        if state.get("format") != STATE_FORMAT or state.get("config_hash") != config_hash:
+            console.print(f"[yellow]{folder} was made by another config or version; not resuming from it[/yellow]")
+            continue
+        state["path"] = folder
+        return state
+    return None
+
+
+def _restore(state, model, optimizer, scheduler, generator) -> dict:
+    """Load the weights of ``state['path']`` and every saved state; returns the progress dict."""
+    from safetensors.torch import load_file
+
+    weights = {}
+    for file in sorted(state["path"].glob("*.safetensors")):
+        weights.update(load_file(file))
+    _load_weights(model, weights, state["path"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    generator.set_state(state["generator"])
+    _set_rng_states(state["rng"])
+    return state["progress"]
+
+
+def _load_weights(model, weights: dict, where) -> None:
+    """``model.load_state_dict(weights)`` that accepts the tied parameters HF leaves out of a save
+    (e.g. lm_head sharing the embedding) and nothing else missing."""
+    device = next(model.parameters()).device
+    result = model.load_state_dict({k: v.to(device) for k, v in weights.items()}, strict=False)
+    loaded = set(weights)
+    groups: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), set()).add(name)
+    tied_ok = {name for names in groups.values() if names & loaded for name in names}
+    missing = [k for k in result.missing_keys if k not in tied_ok]
+    if missing or result.unexpected_keys:
+        raise TrainingError(f"cannot resume from {where}: its weights do not fit the model "
+                            f"(missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})")
+
+
+def _rng_states() -> dict:
+    """Every random state the loop may draw from, in types ``torch.load(weights_only=True)`` reads."""
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    import numpy as np
+
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _remove_step_checkpoints(checkpoints) -> None:
+    """Delete ``step-N`` checkpoints left by an earlier attempt this one replaces (a later resume
+    must never pick them up)."""
+    for folder in checkpoints.glob("step-*") if checkpoints.is_dir() else []:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cycle(items: list, start: int, count: int) -> list:
     """``count`` items from ``start``, wrapping around a split smaller than the run needs."""
     if not items:
-        raise ValueError("the training split is empty")
+        raise TrainingError("the training split is empty")
     return [items[(start + i) % len(items)] for i in range(count)]
 
 
@@ -137,6 +320,7 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _save_checkpoint(model, tokenizer, path):
+    """An HF model folder (weights + tokenizer), written atomically."""
     with runs.atomic_path(path) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
