@@ -581,7 +581,7 @@ def render_csv(report: Report) -> str:
 def render_credit_quality_csv(report: Report) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["group", "source", "column", "value", "n_runs", "mean", "ci_low", "ci_high"])
+    writer.writerow(["group", "source", "keys", "measure", "n_runs", "mean", "ci_low", "ci_high"])
     for row in report.credit_quality:
         keys, measures = report.credit_quality_columns[row["source"]]
         key_text = " ".join(f"{k}={row[k]}" for k in keys if k in row)
