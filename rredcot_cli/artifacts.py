@@ -7,18 +7,22 @@ keyed by ``(prompt_id, sample_idx)``; token lists (``completion_token_ids``,
 - ``write_artifact(kind, columns, path)`` builds a table with exactly the declared schema
   (casting values, failing on missing or extra columns) and writes it atomically.
 - ``read_artifact(kind, path)`` reads and validates: a missing file, an unreadable file, missing
-  columns or columns of the wrong type raise ``ArtifactError`` with a one-line message. Extra
-  columns are allowed on read.
+  columns, columns of the wrong type, invalid UTF-8 text and malformed rows (misaligned token
+  lists, duplicate keys, non-finite numbers) raise ``ArtifactError`` with a one-line message that
+  names the file and, for a row, its 0-based index. Extra columns are allowed on read.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rredcot_cli.errors import ArtifactError
@@ -159,6 +163,29 @@ def _as_columns(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     return {name: [row[name] for row in rows] for name in names}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_strings(kind: str, column: str, values: Sequence[Any]) -> list[Any]:
+    """``values`` with text that UTF-8 cannot encode (lone surrogates, e.g. from a decoder that
+    escaped invalid bytes) replaced by U+FFFD, logged once per column. The token ids stay the
+    record of what was generated; refusing the text would lose the whole stage's work."""
+    fixed, changed = [], 0
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                value = _SURROGATE.sub("\ufffd", value)
+                changed += 1
+        fixed.append(value)
+    if changed:
+        logging.getLogger(__name__).warning(
+            "%s: %d value(s) of column %s were not valid Unicode; unencodable characters were "
+            "replaced by U+FFFD", kind, changed, column)
+    return fixed
+
+
 def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> pa.Table:
     """A ``pyarrow.Table`` with exactly the schema of ``kind``, built from columns or rows.
 
@@ -183,6 +210,8 @@ def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
         try:
             if isinstance(values, (pa.Array, pa.ChunkedArray)):
                 array = values.cast(field.type)
+            elif field.type == pa.string():
+                array = pa.array(_utf8_strings(kind, field.name, values), type=field.type, from_pandas=False)
             else:
                 array = pa.array(values, type=field.type, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as e:
@@ -244,7 +273,78 @@ def read_artifact(kind: str, path: str | Path) -> pa.Table:
             problems.append(f"column {field.name} has nulls")
     if problems:
         raise ArtifactError(f"{path} is not a valid {kind} artifact: {'; '.join(problems)}")
+    _check_utf8(path, table, spec)
+    _check_rows(path, kind, table)
     return table
+
+
+def _check_utf8(path: Path, table: pa.Table, spec: ArtifactSpec) -> None:
+    """Refuse string columns holding invalid UTF-8 (Parquet from another writer may), naming the row."""
+    for field in spec.schema:
+        if field.type != pa.string():
+            continue
+        offset = 0
+        for chunk in table.column(field.name).chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid as e:
+                found = re.search(r"index (\d+)", str(e))
+                where = f"row {offset + int(found.group(1))}" if found else "a row"
+                raise ArtifactError(f"{path} {where}: column {field.name} is not valid UTF-8 text") from e
+            offset += len(chunk)
+
+
+def _first(mask: pa.ChunkedArray | pa.Array) -> int | None:
+    """Index of the first true value of a boolean array (nulls count as false), or None."""
+    hits = pc.indices_nonzero(pc.fill_null(mask, False)) if len(mask) else []
+    return int(hits[0].as_py()) if len(hits) else None
+
+
+def _check_rows(path: Path, kind: str, table: pa.Table) -> None:
+    """Row-level checks a schema cannot express; the first bad row is named (0-based).
+
+    - samples: one log-prob per completion token, ``num_tokens`` equal to their count, a finite
+      reward, and unique ``(prompt_id, sample_idx)`` keys (duplicates would mix two samples);
+    - segments: ``0 <= token_start <= token_end``;
+    - credits: finite credits; advantages: finite token advantages (a NaN would poison training).
+    """
+    def fail(row: int, message: str) -> None:
+        raise ArtifactError(f"{path} row {row}: {message}")
+
+    if kind == "samples":
+        ids = pc.list_value_length(table.column("completion_token_ids"))
+        lps = pc.list_value_length(table.column("completion_logprobs"))
+        row = _first(pc.not_equal(ids, lps))
+        if row is not None:
+            fail(row, f"{lps[row].as_py()} completion_logprobs for {ids[row].as_py()} completion_token_ids")
+        row = _first(pc.not_equal(ids, pc.cast(table.column("num_tokens"), pa.int32())))
+        if row is not None:
+            fail(row, f"num_tokens is {table.column('num_tokens')[row].as_py()} but there are "
+                      f"{ids[row].as_py()} completion_token_ids")
+        row = _first(pc.invert(pc.is_finite(table.column("reward"))))
+        if row is not None:
+            fail(row, f"reward is {table.column('reward')[row].as_py()}, not a finite number")
+        seen: dict[tuple[str, int], int] = {}
+        for i, key in enumerate(zip(table.column("prompt_id").to_pylist(), table.column("sample_idx").to_pylist())):
+            if key in seen:
+                fail(i, f"duplicate key (prompt_id={key[0]!r}, sample_idx={key[1]}), first at row {seen[key]}")
+            seen[key] = i
+    elif kind == "segments":
+        start, end = table.column("token_start"), table.column("token_end")
+        row = _first(pc.or_(pc.less(start, 0), pc.less(end, start)))
+        if row is not None:
+            fail(row, f"segment [{start[row].as_py()}, {end[row].as_py()}) is not a token range")
+    elif kind == "credits":
+        row = _first(pc.invert(pc.is_finite(table.column("credit"))))
+        if row is not None:
+            fail(row, f"credit is {table.column('credit')[row].as_py()}, not a finite number")
+    elif kind == "advantages":
+        column = table.column("token_advantages")
+        flat = pc.list_flatten(column)
+        bad = _first(pc.invert(pc.is_finite(flat)))
+        if bad is not None:
+            row = pc.list_parent_indices(column)[bad].as_py()
+            fail(row, f"token_advantages holds {flat[bad].as_py()}, not a finite number")
 
 
 def validate_segments_tile(segments: pa.Table, samples: pa.Table) -> None:

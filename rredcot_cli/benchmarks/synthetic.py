@@ -33,6 +33,7 @@ import random
 import re
 
 from rredcot_cli.benchmarks.base import Problem
+from rredcot_cli.errors import RredcotError
 
 MOD = 10
 ANSWER_PREFIX = "Answer:"
@@ -41,13 +42,17 @@ ANSWER_PREFIX = "Answer:"
 _SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
 
 
+class BenchmarkSplitError(RredcotError, ValueError):
+    """An unknown split name: one line for the CLI, still a ValueError for callers."""
+
+
 def _bucket(question: str) -> int:
     return int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) % 100
 
 
 def _split_rng(name: str, data_seed: int, split: str) -> random.Random:
     if split not in _SPLIT_BUCKETS:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLIT_BUCKETS)}")
+        raise BenchmarkSplitError(f"benchmark {name} has no split {split!r}; valid splits: {', '.join(sorted(_SPLIT_BUCKETS))}")
     # str seeds are hashed with SHA-512 by `random`, so this is stable across processes.
     return random.Random(f"{name}/{data_seed}/{split}")
 

@@ -90,7 +90,10 @@ def _read_file(path: Path) -> Iterator[Record]:
     if suffix == ".parquet":
         return _read_parquet(path)
     if suffix == ".json":
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise RredcotError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
         if text.lstrip().startswith("["):
             try:
                 rows = json.loads(text)
@@ -101,11 +104,15 @@ def _read_file(path: Path) -> Iterator[Record]:
 
 
 def _read_jsonl(path: Path) -> Iterator[Record]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # decoded line by line, so a bad byte is reported with its line
+        for lineno, raw in enumerate(f, start=1):
+            location = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RredcotError(f"{location}: not UTF-8 text (byte {exc.start + 1} of the line)") from None
             if not line.strip():
                 continue
-            location = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

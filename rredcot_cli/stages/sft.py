@@ -29,11 +29,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         raise RredcotError(f"rredcot sft needs a synthetic benchmark with gold solutions (chain, search), "
                            f"not benchmark={cfg.benchmark.name}")
     model_dir = out.dir / "model"
-    result = train_sft(benchmark=benchmark, output_dir=model_dir, steps=f.steps, batch_size=f.batch_size, lr=f.lr,
-                       weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
-                       hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
-                       intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
-                       solution_error_rate=f.solution_error_rate, seed=cfg.seed)
+    with runs.atomic_path(model_dir) as tmp:  # a killed run never leaves a half-written model
+        result = train_sft(benchmark=benchmark, output_dir=tmp, steps=f.steps, batch_size=f.batch_size, lr=f.lr,
+                           weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
+                           hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
+                           intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
+                           solution_error_rate=f.solution_error_rate, seed=cfg.seed)
     out.finish({"model": model_dir / "model.safetensors"}, extra=result)
     console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
                   f"(use it with model.path={model_dir})")
