@@ -116,38 +116,47 @@ def sample_continuations(
             g.manual_seed(prefix_seed(seed, prefixes[j]))
             generators.append(g)
         rows = len(chunk) * k
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        tokens_out = []
+        # Finished rows leave the batch (their cache rows are dropped), so a chunk costs the
+        # tokens actually generated, not rows x the longest continuation.
+        alive = torch.arange(rows, device=device)  # original row index of each batch row
+        sampled = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=device)
         generated = 0
         for step in range(max_new_tokens):
             if temperature > 0:
                 logp = warp_logits(logits, temperature, top_p)
-                # Gumbel-max sampling with per-prefix noise: argmax(log p + G) ~ p.
-                noise = torch.cat([torch.rand((k, logp.shape[-1]), generator=g, device=device) for g in generators])
+                # Gumbel-max sampling, argmax(log p + G) ~ p, with noise from the prefix's own
+                # generator: a full (k, V) draw per step while any of its rows runs, so the stream
+                # does not depend on which rows have finished or on other prefixes.
+                owners = alive // k
+                noise = torch.empty_like(logp)
+                for r, g in enumerate(generators):
+                    here = owners == r
+                    if bool(here.any()):
+                        noise[here] = torch.rand((k, logp.shape[-1]), generator=g, device=device)[alive[here] % k]
                 gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(torch.float32).tiny)))
                 token = (logp + gumbel).argmax(-1)
             else:
                 token = logits.argmax(-1)
-            token = torch.where(finished, torch.full_like(token, pad_id), token)
-            generated += int((~finished).sum())
-            tokens_out.append(token)
-            finished = finished | torch.isin(token, eos)
-            if bool(finished.all()) or step == max_new_tokens - 1:
+            sampled[alive, step] = token
+            lengths[alive] = step + 1
+            generated += alive.numel()
+            running = ~torch.isin(token, eos)
+            if not bool(running.any()) or step == max_new_tokens - 1:
                 break
-            attention = torch.cat([attention, torch.ones((rows, 1), dtype=attention.dtype, device=device)], dim=1)
+            if not bool(running.all()):
+                keep = running.nonzero()[:, 0]
+                cache.batch_select_indices(keep)
+                alive, token, attention, next_position = alive[keep], token[keep], attention[keep], next_position[keep]
+            attention = torch.cat([attention, torch.ones((alive.numel(), 1), dtype=attention.dtype, device=device)], 1)
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
                         use_cache=True, **_cache_kwarg(model, cache))
             cache = _returned_cache(out)
             logits = out.logits[:, -1]
             next_position = next_position + 1
-        sampled = torch.stack(tokens_out, dim=1).cpu().tolist() if tokens_out else [[] for _ in range(rows)]
-        eos_set = set(eos_ids)
+        sampled, lengths = sampled.cpu().tolist(), lengths.cpu().tolist()
         for r, j in enumerate(chunk):
-            conts = []
-            for row in sampled[r * k : (r + 1) * k]:
-                stop = next((t for t, tok in enumerate(row) if tok in eos_set), None)
-                conts.append(row if stop is None else row[: stop + 1])
-            results[j] = conts
+            results[j] = [sampled[row][: lengths[row]] for row in range(r * k, (r + 1) * k)]
         if stats is not None:
             stats["prefill_tokens"] = stats.get("prefill_tokens", 0) + len(chunk) * width
             stats["generated_tokens"] = stats.get("generated_tokens", 0) + generated
