@@ -253,8 +253,6 @@ def test_mc_greedy_values_are_the_verified_greedy_continuation(traces, policy):
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
             text = tok.decode(out[0, len(samples[i]["prompt_token_ids"]) :], skip_special_tokens=True)
             assert v == bench.verify(text, by_id[samples[i]["prompt_id"]])
-    # Credits telescope to R - V(S_0).
-    assert torch.isfinite(credit.segment_credits[:, 0]).all()
 
 
 def test_mc_sampled_values_in_unit_interval_and_seeded(traces, policy):

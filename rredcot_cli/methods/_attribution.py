@@ -161,5 +161,6 @@ def resolve_template(batch: CreditBatch, override) -> str:
     """The forced-answer template: the method's override or the benchmark's ANSWER_PROBE."""
     template = override or (batch.extras or {}).get("answer_probe")
     if not template:
-        raise ValueError("attribution methods score a forced answer: set method.probe_template (the benchmark has none)")
+        raise ValueError("attribution methods score a forced answer: set method.probe_template "
+                         "(the benchmark has none)")
     return template
