@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rredcot_cli.errors import ArtifactError
+from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.runs import atomic_path
 
 
@@ -215,7 +215,7 @@ def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
             else:
                 array = pa.array(values, type=field.type, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as e:
-            raise ArtifactError(f"cannot write {kind}: column {field.name} is not {field.type} ({e})") from e
+            raise ArtifactError(f"cannot write {kind}: column {field.name} is not {field.type} ({one_line(e)})") from e
         if not field.nullable and array.null_count:
             raise ArtifactError(f"cannot write {kind}: column {field.name} has {array.null_count} nulls")
         arrays.append(array)
@@ -259,11 +259,12 @@ def read_artifact(kind: str, path: str | Path) -> pa.Table:
         raise ArtifactError(f"{path} is not a file; expected a {kind} Parquet file ({spec.file_name})")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise ArtifactError(f"{path} is not a readable Parquet file ({e})") from e
+        names = table.schema.names  # decoding them fails on a damaged footer
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is not a readable Parquet file ({one_line(e)})") from e
     problems = []
     for field in spec.schema:
-        if field.name not in table.schema.names:
+        if field.name not in names:
             problems.append(f"missing column {field.name} ({field.type})")
             continue
         actual = table.schema.field(field.name).type
