@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rredcot_cli.benchmarks import make_benchmark
+from rredcot_cli.judge import first_error_hits
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.rredcot import RREDCoTParams
 from rredcot_cli.rollout import attribute, credit_batch, load_policy, sample_rows, segment_rows
@@ -36,42 +37,6 @@ ESTIMATORS = {
     "suffix_is_w8": {"value": "suffix_is", "is_window": 8},
     "suffix_is_w4": {"value": "suffix_is", "is_window": 4},
 }
-
-
-def first_error_hits(samples, segments, credit, batch, benchmark, problems_by_id, tokenizer):
-    """(hits, incorrect completions with a known first wrong step, summed chance level)."""
-    from rredcot_cli.rollout import token_texts
-
-    hits = total = 0
-    chance = 0.0
-    for i, sample in enumerate(samples):
-        if sample["reward"] > 0.5:
-            continue
-        problem = problems_by_id[sample["prompt_id"]]
-        wrong = benchmark.first_wrong_step(sample["completion"], problem)
-        spans = benchmark.step_char_spans(sample["completion"])
-        if wrong is None or wrong >= len(spans):
-            continue
-        char_start = spans[wrong][0]
-        # token index of that character
-        texts = token_texts(tokenizer, sample["completion_token_ids"])
-        offset, token = 0, len(texts) - 1
-        for t, text in enumerate(texts):
-            if offset + len(text) > char_start:
-                token = t
-                break
-            offset += len(text)
-        segment = int(batch.segment_ids[i, token])
-        K = int(batch.num_segments[i])
-        credits = credit.segment_credits[i, :K]
-        total += 1
-        chance += 1.0 / K
-        # A hit needs a strictly negative, unique minimum: all-zero credits (a group with no
-        # correct completion) must not count as finding the error by tie-breaking.
-        lowest = credits.min()
-        unique = int((credits == lowest).sum()) == 1
-        hits += int(bool(lowest < 0) and unique and int(torch.argmin(credits)) == segment)
-    return hits, total, chance
 
 
 def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: int, max_new_tokens: int,
@@ -100,7 +65,8 @@ def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: in
             started = time.perf_counter()
             credit = attribute(spec, batch, params, {"policy": policy})
             times.append(time.perf_counter() - started)
-        hits, total, chance = first_error_hits(samples, segments, credit, batch, benchmark, by_id, policy.tokenizer)
+        hits, total, chance = first_error_hits(samples, credit.segment_credits, batch, benchmark,
+                                               [by_id[s["prompt_id"]] for s in samples], policy.tokenizer)
         row = {**row_base, "estimator": name, "attribute_seconds": statistics.median(times),
                "forward_tokens": batch.extras["value_stats"].get("forward_tokens", 0),
                "overhead_vs_sampling": statistics.median(times) / row_base["sample_seconds"],
