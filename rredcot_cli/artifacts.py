@@ -117,6 +117,32 @@ TRAIN_METRICS = pa.schema(
 )
 
 
+# One row per credit method judged by `rredcot judge` on one run's saved traces (see
+# rredcot_cli/judge.py). Correlations are with Monte Carlo reference values (null: undefined, e.g.
+# a method without values); token counts are per run of the method.
+CREDIT_QUALITY = pa.schema(
+    [
+        _field("method", pa.string()),
+        _field("credit_constant", pa.bool_()),  # every completion's segments share one credit
+        _field("value_spearman", pa.float64(), nullable=True),
+        _field("value_pearson", pa.float64(), nullable=True),
+        _field("value_spearman_inner", pa.float64(), nullable=True),  # without the last segment
+        _field("value_pearson_inner", pa.float64(), nullable=True),
+        _field("credit_spearman", pa.float64(), nullable=True),
+        _field("credit_pearson", pa.float64(), nullable=True),
+        _field("first_error_rate", pa.float64(), nullable=True),  # null: benchmark has no step check
+        _field("first_error_chance", pa.float64(), nullable=True),
+        _field("first_error_completions", pa.int32()),
+        _field("advantage_std", pa.float64(), nullable=True),  # null with one rerun
+        _field("seconds", pa.float64()),
+        _field("seconds_vs_sample", pa.float64(), nullable=True),  # null: no sample-stage manifest
+        _field("forward_tokens", pa.int64()),
+        _field("generated_tokens", pa.int64()),
+        _field("backward_tokens", pa.int64()),
+    ]
+)
+
+
 @dataclass(frozen=True)
 class ArtifactSpec:
     name: str  # the artifact kind, also the key under cfg.inputs
@@ -134,6 +160,7 @@ ARTIFACTS: dict[str, ArtifactSpec] = {
         ArtifactSpec("advantages", "advantages.parquet", ADVANTAGES, "attribute"),
         ArtifactSpec("eval", "eval.parquet", EVAL, "eval"),
         ArtifactSpec("train_metrics", "metrics.parquet", TRAIN_METRICS, "train"),
+        ArtifactSpec("credit_quality", "credit_quality.parquet", CREDIT_QUALITY, "judge"),
     ]
 }
 

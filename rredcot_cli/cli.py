@@ -169,6 +169,12 @@ def heatmap(overrides: Overrides = None, print_config: PrintConfig = False) -> N
     run_stage("heatmap", overrides, print_config)
 
 
+@app.command(cls=StageCommand, context_settings=_CONTEXT)
+def judge(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+    """Judge each credit method's credit on saved traces against Monte Carlo values -> judge/credit_quality.parquet."""
+    run_stage("judge", overrides, print_config)
+
+
 @app.command()
 def report(
     run_dirs: Annotated[

@@ -9,7 +9,7 @@ declares (see ``rredcot_cli.methods``), because every credit method has its own 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -193,6 +193,21 @@ class HeatmapConfig:
 
 
 @dataclass
+class JudgeConfig:
+    # Credit methods to judge (registered names); null = every registered method. Each runs with
+    # its conf/method/<name>.yaml defaults, changed by judge.params.
+    methods: Optional[List[str]] = None
+    # Per-method parameters over those defaults: +judge.params.rredcot.value=answer_probe
+    params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # Continuations per segment boundary of the Monte Carlo reference values (sampled like
+    # sampling.*); standard error <= 0.5 / sqrt(reference_k).
+    reference_k: int = 16
+    # Runs of each method with different seeds (torch's and the method's own seed parameters),
+    # for the spread of its advantages.
+    reruns: int = 3
+
+
+@dataclass
 class Config:
     seed: int = 0
     run: RunConfig = field(default_factory=RunConfig)
@@ -208,5 +223,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
     inputs: Any = field(default_factory=dict)

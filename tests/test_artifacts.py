@@ -47,6 +47,16 @@ ROWS = {
         dict(step=1, reward_mean=0.75, accuracy=0.75, loss=-0.125, kl=0.0625, entropy=1.25, clip_fraction=0.125,
              grad_norm=1.0, lr=0.0009765625, response_tokens_mean=10.0, tokens=100, seconds=1.0, eval_accuracy=0.5),
     ],
+    "credit_quality": [
+        dict(method="grpo", credit_constant=True, value_spearman=None, value_pearson=None, value_spearman_inner=None,
+             value_pearson_inner=None, credit_spearman=0.25, credit_pearson=0.5, first_error_rate=0.0,
+             first_error_chance=0.125, first_error_completions=8, advantage_std=0.0, seconds=0.5,
+             seconds_vs_sample=0.25, forward_tokens=0, generated_tokens=0, backward_tokens=0),
+        dict(method="mc", credit_constant=False, value_spearman=0.75, value_pearson=0.5, value_spearman_inner=0.5,
+             value_pearson_inner=0.25, credit_spearman=-0.125, credit_pearson=0.0, first_error_rate=None,
+             first_error_chance=None, first_error_completions=0, advantage_std=None, seconds=2.0,
+             seconds_vs_sample=None, forward_tokens=2**40, generated_tokens=1234, backward_tokens=0),
+    ],
 }
 
 

@@ -1,0 +1,265 @@
+"""`rredcot judge`: how good each credit method's credit is, on the run's saved traces.
+
+On the saved samples and segments: Monte Carlo reference values V(S_0..S_K) with
+``judge.reference_k`` continuations per segment boundary, computed once; then every method of
+``judge.methods`` runs ``judge.reruns`` times with different seeds, and one row per method
+records its agreement with the reference (Spearman/Pearson of values and credits), first-error
+localisation on step-checked benchmarks (with chance level), the spread of its token advantages
+over the reruns, and its cost relative to the sample stage. Writes
+``judge/credit_quality.parquet`` (``rredcot report`` shows it) and prints the table.
+
+Seeds: the reference samples with ``derive_seed(seed, "judge", "reference")``; rerun r of every
+method runs after ``seed_everything(derive_seed(seed, "judge", "rerun", r))`` with every method
+parameter named ``seed`` or ``*_seed`` set to that seed too. Same seed, same table (but seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rredcot_cli import artifacts, runs
+from rredcot_cli.config import CONF_DIR, ConfigError
+from rredcot_cli.errors import one_line
+from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, seed_everything, table_rows
+
+CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
+
+
+def judged_methods(requested: list[str] | None) -> list[str]:
+    """The methods to judge, in the given order (null: every registered one, sorted); unknown
+    names raise ``ConfigError`` listing the valid ones."""
+    from rredcot_cli.methods import method_names
+
+    valid = method_names()
+    if requested is None:
+        return valid
+    unknown = [name for name in requested if name not in valid]
+    if unknown:
+        raise ConfigError(f"unknown method(s) in judge.methods: {', '.join(unknown)}; valid: {', '.join(valid)}")
+    if not requested:
+        raise ConfigError(f"judge.methods is empty; name some of: {', '.join(valid)} (or null for all)")
+    if len(set(requested)) != len(requested):
+        raise ConfigError(f"judge.methods names a method twice: {', '.join(requested)}")
+    return list(requested)
+
+
+def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
+    """Parameters of method ``name``: its dataclass defaults, then ``conf/method/<name>.yaml``,
+    then ``changes`` (``judge.params.<name>``). A key the method does not declare, or a value
+    of the wrong type, raises ``ConfigError`` naming ``judge.params.<name>.<key>``."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rredcot_cli.methods import get_method
+
+    spec = get_method(name)
+    params = OmegaConf.structured(spec.params)
+    OmegaConf.set_struct(params, True)
+    yaml_file = CONF_DIR / "method" / f"{name}.yaml"
+    defaults = OmegaConf.to_container(OmegaConf.load(yaml_file)) if yaml_file.is_file() else {}
+    defaults.pop("name", None)
+    for prefix, layer in [(f"conf/method/{name}.yaml: ", defaults), (f"judge.params.{name}.", dict(changes or {}))]:
+        for key, value in layer.items():
+            if key not in spec.param_names():
+                raise ConfigError(f"unknown key '{prefix}{key}' for method '{name}'; valid keys: "
+                                  f"{', '.join(spec.param_names()) or '(none)'}")
+            try:
+                OmegaConf.update(params, key, value, merge=True)
+            except OmegaConfBaseException as e:
+                raise ConfigError(f"{prefix}{key}={value}: {one_line(str(e).splitlines()[0])}") from e
+    return OmegaConf.to_container(params, resolve=True, enum_to_str=True)
+
+
+def seeded(params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``params`` with every parameter named ``seed`` or ``*_seed`` set to ``seed``."""
+    return {k: (seed if k == "seed" or k.endswith("_seed") else v) for k, v in params.items()}
+
+
+def _check_options(cfg: DictConfig, overrides: list[str], names: list[str]) -> None:
+    for text in overrides:
+        key = text.lstrip("+").split("=", 1)[0]
+        if key == "method" or key.startswith("method."):
+            raise ConfigError(f"'{text}': rredcot judge does not use method=; choose methods with "
+                              f"judge.methods=[a,b] and set their options with +judge.params.NAME.KEY=VALUE")
+    stray = [name for name in cfg.judge.params if name not in names]
+    if stray:
+        raise ConfigError(f"judge.params names method(s) not being judged: {', '.join(stray)} "
+                          f"(judge.methods: {', '.join(names)})")
+    if cfg.judge.reference_k < 1:
+        raise ConfigError(f"judge.reference_k={cfg.judge.reference_k}: need at least 1 continuation per boundary")
+    if cfg.judge.reruns < 1:
+        raise ConfigError(f"judge.reruns={cfg.judge.reruns}: need at least 1 run per method")
+
+
+def _sample_stage(samples_path: Path) -> dict[str, Any]:
+    """``extra`` of the finished sample stage that wrote ``samples_path`` ({} if there is none)."""
+    manifest_path = samples_path.parent / runs.MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(manifest, dict) or manifest.get("status") != "complete":
+        return {}
+    return dict(manifest.get("extra") or {})
+
+
+def run(cfg: DictConfig, overrides: list[str]) -> None:
+    names = judged_methods(None if cfg.judge.methods is None else list(cfg.judge.methods))
+    _check_options(cfg, overrides, names)
+    changes = OmegaConf.to_container(cfg.judge.params, resolve=True)
+    all_params = {name: method_params(name, changes.get(name)) for name in names}
+    inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
+    out = runs.begin_stage(cfg, "judge", overrides, inputs=inputs, keys=CONFIG_KEYS)
+    if out is None:
+        return
+    samples_table = artifacts.read_artifact("samples", inputs["samples"])
+    segments_table = artifacts.read_artifact("segments", inputs["segments"])
+    artifacts.validate_segments_tile(segments_table, samples_table)
+    samples, segments = table_rows(samples_table), table_rows(segments_table)
+    sample_stage = _sample_stage(inputs["samples"])
+    sample_seconds = sample_stage.get("seconds")
+
+    from rredcot_cli.judge import checks_steps, first_error_segments, problem_of
+    from rredcot_cli.methods.mc import mc_reference_values
+    from rredcot_cli.rollout import credit_batch
+
+    seed_everything(cfg.seed)
+    benchmark = make_benchmark(cfg)
+    policy = make_policy(cfg)
+    answer_probe = getattr(benchmark, "ANSWER_PROBE", None)
+    batch = credit_batch(samples, segments, answer_probe=answer_probe)
+    targets = None
+    if checks_steps(benchmark):
+        targets = first_error_segments(samples, batch.segment_ids, benchmark, [problem_of(s) for s in samples],
+                                       policy.tokenizer)
+
+    rows, reference = [], {}
+    started = time.perf_counter()
+    with progress_bar("judge", total=1 + len(names)) as advance:
+        advance(0, info=f"mc reference, K={cfg.judge.reference_k}")
+        ref_stats: dict[str, int] = {}
+        ref_started = time.perf_counter()
+        ref_seed = runs.derive_seed(cfg.seed, "judge", "reference")
+        ref_values = mc_reference_values(batch, policy, k=cfg.judge.reference_k,
+                                         max_new_tokens=cfg.sampling.max_new_tokens,
+                                         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                         seed=ref_seed, stats=ref_stats)
+        reference = {"k": cfg.judge.reference_k, "seed": ref_seed,
+                     "seconds": time.perf_counter() - ref_started, **ref_stats}
+        advance(1)
+        for name in names:
+            advance(0, info=name)
+            rows.append(judge_method(name, all_params[name], samples, segments, answer_probe, policy, ref_values,
+                                     targets, reruns=cfg.judge.reruns, seed=cfg.seed, sample_seconds=sample_seconds))
+            advance(1)
+    seconds = time.perf_counter() - started
+
+    path = artifacts.write_artifact("credit_quality", rows, out.dir / "credit_quality.parquet")
+    out.finish({"credit_quality": path}, extra={
+        "seconds": seconds, "reference": reference, "methods": all_params, "reruns": cfg.judge.reruns,
+        "rerun_seeds": [runs.derive_seed(cfg.seed, "judge", "rerun", r) for r in range(cfg.judge.reruns)],
+        "completions": len(samples), "segments": len(segments),
+        "incorrect_with_known_first_error": None if targets is None else sum(t is not None for t in targets),
+        "sample_seconds": sample_seconds, "sample_generated_tokens": sample_stage.get("generated_tokens"),
+    })
+    print_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
+    console.print(f"judged {len(names)} methods x {cfg.judge.reruns} reruns in {seconds:.1f}s -> [bold]{path}[/bold]")
+
+
+def judge_method(name: str, params: dict[str, Any], samples: list[dict], segments: list[dict],
+                 answer_probe: str | None, policy: Any, ref_values, targets: list | None, *, reruns: int, seed: int,
+                 sample_seconds: float | None) -> dict[str, Any]:
+    """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces."""
+    from rredcot_cli.judge import advantage_spread, agreement, constant_within_completions, localisation
+    from rredcot_cli.methods import get_method
+    from rredcot_cli.rollout import attribute, credit_batch
+
+    spec = get_method(name)
+    collaborators = {"scorer": policy.backend, "policy": policy} if spec.needs else {}
+    measures: list[dict[str, Any]] = []
+    advantages = []
+    constant = True
+    hits = 0
+    chance = 0.0
+    known = 0 if targets is None else sum(t is not None for t in targets)
+    for r in range(reruns):
+        rerun_seed = runs.derive_seed(seed, "judge", "rerun", r)
+        seed_everything(rerun_seed)
+        batch = credit_batch(samples, segments, answer_probe=answer_probe)
+        started = time.perf_counter()
+        credit = attribute(spec, batch, seeded(params, rerun_seed), collaborators)
+        seconds = time.perf_counter() - started
+        stats = batch.extras.get("value_stats") or {}
+        measures.append({
+            **agreement(credit.segment_values, credit.segment_credits, ref_values, batch.num_segments),
+            "seconds": seconds,
+            "forward_tokens": stats.get("forward_tokens", 0) + stats.get("prefill_tokens", 0),
+            "generated_tokens": stats.get("generated_tokens", 0),
+            "backward_tokens": stats.get("backward_tokens", 0),
+        })
+        advantages.append(credit.token_advantages)
+        constant &= constant_within_completions(credit.segment_credits, batch.num_segments)
+        if targets is not None:
+            h, _, c = localisation(credit.segment_credits, batch.num_segments, targets)
+            hits, chance = hits + h, chance + c
+
+    def mean(key: str) -> float | None:
+        values = [m[key] for m in measures if m[key] is not None]
+        return sum(values) / len(values) if values else None
+
+    row = {key: mean(key) for key in measures[0]}
+    for key in ("forward_tokens", "generated_tokens", "backward_tokens"):
+        row[key] = round(row[key])
+    row.update(
+        method=name,
+        credit_constant=constant,
+        # Over every rerun: hits / (reruns x completions with a known first wrong step).
+        first_error_rate=hits / (reruns * known) if known else None,
+        first_error_chance=chance / (reruns * known) if known else None,
+        first_error_completions=known,
+        advantage_std=advantage_spread(advantages, batch.token_mask),
+        seconds_vs_sample=row["seconds"] / sample_seconds if sample_seconds else None,
+    )
+    return row
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def print_table(rows: list[dict], reference: dict, sample_stage: dict, completions: int, segments: int,
+                reruns: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
+                  show_header=True, header_style="bold")
+    for column in ["method", "value ρ / r", "value ρ inner", "credit ρ / r", "first error (chance)", "adv std",
+                   "seconds", "× sample", "fwd tokens", "gen tokens"]:
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in rows:
+        first = "—" if row["first_error_rate"] is None else \
+            f"{row['first_error_rate']:.2f} ({row['first_error_chance']:.2f})"
+        if row["credit_constant"] and row["first_error_rate"] is not None:
+            first += " const"
+        table.add_row(
+            row["method"],
+            "—" if row["value_spearman"] is None else f"{row['value_spearman']:.3f} / {_num(row['value_pearson'])}",
+            _num(row["value_spearman_inner"]),
+            f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}",
+            first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
+            f"{row['forward_tokens']:,}", f"{row['generated_tokens']:,}",
+        )
+    # Piped or redirected output gets 80 columns by default, too narrow for ten columns.
+    wide = console if console.is_terminal else Console(stderr=True, width=150)
+    wide.print(table)
+    sample = f"; sample stage {sample_stage['seconds']:.1f}s, {sample_stage.get('generated_tokens', 0):,} generated " \
+             f"tokens" if sample_stage.get("seconds") else "; no sample-stage manifest"
+    wide.print(f"reference: MC, K={reference['k']} per boundary, {reference['seconds']:.1f}s, "
+                  f"{reference.get('generated_tokens', 0):,} generated tokens{sample}. ρ Spearman, r Pearson; "
+                  "'inner' leaves out each completion's last segment (its value is the reward); "
+                  "'const': credit constant within a completion, so it cannot localise (a tie is no hit).")
