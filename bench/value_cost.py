@@ -34,6 +34,10 @@ ESTIMATORS = {
     "answer_probe_packed": {"value": "answer_probe", "probe_scoring": "packed"},
     "suffix_is": {"value": "suffix_is"},
     "suffix_is_packed": {"value": "suffix_is", "probe_scoring": "packed"},
+    # Plain IS scores every slot (self-normalised IS skips slots whose suffixes all share one
+    # reward, e.g. every slot at 40-80 steps where the model never succeeds): the cost of the
+    # probes themselves, for the scaling rows.
+    "suffix_is_plain": {"value": "suffix_is", "is_self_normalised": False},
     "suffix_is_w8": {"value": "suffix_is", "is_window": 8},
     "suffix_is_w4": {"value": "suffix_is", "is_window": 4},
 }

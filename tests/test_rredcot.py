@@ -122,7 +122,7 @@ def test_probe_scorers_match_scoring_each_prefix_from_scratch(random_model, scor
         scored = packed_probe_logprobs(random_model, traces, probes, max_row_tokens=60, rows_per_forward=2, stats=stats)
     else:
         # Small batches so that several trace groups and probe batches are exercised.
-        scored = cached_probe_logprobs(random_model, traces, probes, traces_per_forward=2, max_probe_tokens=24,
+        scored = cached_probe_logprobs(random_model, traces, probes, traces_per_forward=2, row_tokens=12, max_probe_tokens=30,
                                        stats=stats)
     reference = unpacked_probe_logprobs(random_model, traces, probes)
     for probe, a, b in zip(probes, scored, reference):

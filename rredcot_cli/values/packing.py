@@ -1,11 +1,16 @@
-"""Score many probes that share a trace in one forward pass.
+"""Score many probes that extend prefixes of a few traces, without re-encoding the prefixes.
 
-A packed row is ``[trace tokens] + [probe 1] + [probe 2] + ...``. Trace tokens attend causally to
-the trace; probe tokens attend to the first ``prefix_len`` trace tokens and causally to their own
-probe, never to other probes. Position ids of a probe continue from its prefix, so each probe sees
-exactly what it would see if ``trace[:prefix_len] + probe`` were run alone: the prefix is reused
-instead of re-encoded per boundary and cost grows with trace length + total probe length, not
-with trace length x boundaries.
+Two interchangeable scorers (tests check both against scoring each prefix from scratch):
+
+- ``cached_probe_logprobs`` (the default): encode each trace once, then run its probes against
+  the trace's KV cache, masked so each probe sees only its own prefix.
+- ``packed_probe_logprobs``: one row ``[trace] + [probe 1] + [probe 2] + ...`` with a block
+  attention mask. Cheapest for a few short probes per short trace, but the dense (row x row)
+  mask makes attention quadratic in the row length.
+
+Position ids of a probe continue from its prefix, so each probe sees exactly what it would see
+if ``trace[:prefix_len] + probe`` were run alone: cost grows with trace length + total probe
+length, not with trace length x boundaries.
 """
 
 from __future__ import annotations
@@ -184,17 +189,19 @@ def cached_probe_logprobs(
     *,
     device: str = "cpu",
     traces_per_forward: int = 32,
-    max_probe_tokens: int = 4096,
+    row_tokens: int = 256,
+    max_probe_tokens: int = 8192,
     stats: dict | None = None,
 ) -> list[torch.Tensor]:
     """Same result as :func:`packed_probe_logprobs`, computed with a shared KV cache.
 
-    Each trace is encoded once; its keys and values are then handed to every probe that extends
-    one of its prefixes, and the probes run as a batch whose 4-D mask lets probe p see cache
-    positions < ``prefix_len`` and its own tokens causally. Attention work is probes x (trace +
-    probe) instead of the packed row's (trace + all probes)^2, so cost stays linear in trace
-    length at a fixed number of probes per token. ``stats["forward_tokens"]`` counts trace and
-    probe positions run (padding included).
+    Traces are encoded once, ``traces_per_forward`` at a time. A probe that continues its own
+    trace is read off that encoding pass. The other probes of a trace are laid side by side in
+    rows of at most ``row_tokens`` positions that attend to the trace's cached keys and values
+    (cache positions < ``prefix_len`` - 1, then the probe causally; never another probe). A
+    probe's attention work is (prefix + row) instead of a packed row's (trace + all probes), so
+    cost stays linear in trace length at a fixed number of probes per token.
+    ``stats["forward_tokens"]`` counts trace and probe positions run (padding included).
     """
     results: list[torch.Tensor | None] = [None] * len(probes)
     by_trace: dict[int, list[int]] = {}
@@ -225,51 +232,76 @@ def cached_probe_logprobs(
                     results[index] = own[local[t], start - 1 + probe.scored_from : end - 1].float()
                 else:
                     pending.append(index)
-        # Probe batches bounded by their token count (probes x longest probe).
-        batch: list[int] = []
+        # Each trace's probes are packed into rows of at most ``row_tokens`` (a probe takes its
+        # length + 1); rows run in batches of at most ``max_probe_tokens`` positions.
+        rows: list[tuple[int, list[int]]] = []
+        for t in group:
+            current: list[int] = []
+            used = 0
+            for index in (i for i in pending if probes[i].trace == t):
+                n = len(probes[index].tokens) + 1
+                if current and used + n > row_tokens:
+                    rows.append((t, current))
+                    current, used = [], 0
+                current.append(index)
+                used += n
+            if current:
+                rows.append((t, current))
+        batch: list[tuple[int, list[int]]] = []
         widest = 0
-        for position, index in enumerate(pending + [None]):
-            if index is not None:
-                n = len(probes[index].tokens)
+        for row in rows + [None]:
+            if row is not None:
+                n = sum(len(probes[i].tokens) + 1 for i in row[1])
                 if not batch or (len(batch) + 1) * max(widest, n) <= max_probe_tokens:
-                    batch.append(index)
+                    batch.append(row)
                     widest = max(widest, n)
                     continue
-            _run_probe_batch(model, layers, local, traces, probes, batch, widest, neg, device, results, stats)
-            batch, widest = ([index], len(probes[index].tokens)) if index is not None else ([], 0)
+            _run_probe_rows(model, layers, local, traces, probes, batch, widest, neg, device, results, stats)
+            batch, widest = ([row], sum(len(probes[i].tokens) + 1 for i in row[1])) if row is not None else ([], 0)
     return results  # type: ignore[return-value]
 
 
-def _run_probe_batch(model, layers, local, traces, probes, batch, width, neg, device, results, stats) -> None:
-    """Run probes ``batch`` against the cached trace keys/values. Each probe's input starts with
-    the last prefix token (cache positions < prefix_len - 1 are visible), so every scored token is
-    predicted inside this batch and the trace's logits never need to be kept."""
+def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, device, results, stats) -> None:
+    """Run rows of probes against their trace's cached keys/values.
+
+    A row holds probes of one trace side by side. Each probe's input starts with the last prefix
+    token (cache positions < prefix_len - 1 are visible to it), so every scored token is predicted
+    inside this forward and the trace's logits never need to be kept; probes in a row do not see
+    each other. One cache row per probe row (not per probe) keeps the copy of the cache small."""
     from transformers import DynamicCache
 
-    if not batch:
+    if not rows:
         return
-    width += 1
-    context = max(probes[i].prefix_len for i in batch) - 1
-    rows = torch.tensor([local[probes[i].trace] for i in batch], device=layers[0][0].device)
-    cache = DynamicCache(ddp_cache_data=[(k[rows, :, :context], v[rows, :, :context]) for k, v in layers])
-    P = len(batch)
-    input_ids = torch.zeros(P, width, dtype=torch.long)
-    positions = torch.zeros(P, width, dtype=torch.long)
-    allowed = torch.zeros(P, width, context + width, dtype=torch.bool)
-    for r, index in enumerate(batch):
-        probe = probes[index]
-        last = probe.prefix_len - 1
-        input_ids[r, : len(probe.tokens) + 1] = torch.tensor((traces[probe.trace][last],) + probe.tokens)
-        positions[r] = torch.arange(last, last + width)
-        allowed[r, :, :last] = True
-    allowed[:, :, context:] = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    context = max(probes[i].prefix_len for _, indices in rows for i in indices) - 1
+    cache_rows = torch.tensor([local[t] for t, _ in rows], device=layers[0][0].device)
+    cache = DynamicCache(ddp_cache_data=[(k[cache_rows, :, :context], v[cache_rows, :, :context]) for k, v in layers])
+    R = len(rows)
+    input_ids = torch.zeros(R, width, dtype=torch.long)
+    positions = torch.zeros(R, width, dtype=torch.long)
+    allowed = torch.zeros(R, width, context + width, dtype=torch.bool)
+    layout: list[tuple[int, int, int]] = []  # (row, offset of the probe's first input, probe index)
+    for r, (t, indices) in enumerate(rows):
+        offset = 0
+        for index in indices:
+            probe = probes[index]
+            last, n = probe.prefix_len - 1, len(probe.tokens) + 1
+            input_ids[r, offset : offset + n] = torch.tensor((traces[t][last],) + probe.tokens)
+            positions[r, offset : offset + n] = torch.arange(last, last + n)
+            allowed[r, offset : offset + n, :last] = True
+            block = slice(context + offset, context + offset + n)
+            allowed[r, offset : offset + n, block] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            layout.append((r, offset, index))
+            offset += n
+        # Padding attends to itself only, so no row of the mask is empty (avoids NaNs).
+        pad = torch.arange(offset, width)
+        allowed[r, pad, context + pad] = True
     mask = torch.where(allowed, 0.0, neg)[:, None].to(device)
     logits = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
                    use_cache=False, **_cache_kwarg(model, cache)).logits
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:, None].to(device))[..., 0]
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # next input of each position
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None].to(device))[..., 0].cpu()
     if stats is not None:
-        stats["forward_tokens"] = stats.get("forward_tokens", 0) + P * width
-    logprobs = logprobs.cpu()
-    for r, index in enumerate(batch):
+        stats["forward_tokens"] = stats.get("forward_tokens", 0) + R * width
+    for r, offset, index in layout:
         probe = probes[index]
-        results[index] = logprobs[r, probe.scored_from : len(probe.tokens)].float()
+        results[index] = logprobs[r, offset + probe.scored_from : offset + len(probe.tokens)].float()
