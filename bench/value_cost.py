@@ -30,8 +30,8 @@ from rredcot_cli.rollout import attribute, credit_batch, load_policy, sample_row
 from rredcot_cli.segmenters import get_segmenter
 
 ESTIMATORS = {
-    "answer_probe": {"value": "answer_probe"},
-    "answer_probe_packed": {"value": "answer_probe", "probe_scoring": "packed"},
+    "answer_probe": {"value": "answer_probe"},  # auto = packed
+    "answer_probe_kv": {"value": "answer_probe", "probe_scoring": "kv_cache"},
     "suffix_is": {"value": "suffix_is"},
     "suffix_is_packed": {"value": "suffix_is", "probe_scoring": "packed"},
     # Plain IS scores every slot (self-normalised IS skips slots whose suffixes all share one
@@ -44,7 +44,7 @@ ESTIMATORS = {
 
 
 def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: int, max_new_tokens: int,
-        repeats: int, seed: int, policy, results: list) -> None:
+        repeats: int, seed: int, policy, results: list, estimators: dict = ESTIMATORS) -> None:
     benchmark = make_benchmark("chain", min_steps=steps, max_steps=steps, data_seed=1234)
     problems = benchmark.load("test", limit=prompts)
     by_id = {p.prompt_id: p for p in problems}
@@ -61,7 +61,7 @@ def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: in
                 "mean_tokens": generated / len(samples), "accuracy": sum(s["reward"] for s in samples) / len(samples),
                 "segments_per_completion": len(segments) / len(samples),
                 "sample_seconds": statistics.median(sample_times), "generated_tokens": generated}
-    for name, overrides in ESTIMATORS.items():
+    for name, overrides in estimators.items():
         params = {**RREDCoTParams().__dict__, **overrides}
         times = []
         for r in range(repeats):
@@ -89,6 +89,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="docs/bench/value_cost.json")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CLI's default is 1)")
+    parser.add_argument("--cases", default="8,16,80,fixed40,fixed80",
+                        help="comma list: N = N-step chains with newline segments, fixedN = fixed 24-token segments")
+    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma list of: " + ", ".join(ESTIMATORS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -98,13 +101,17 @@ def main() -> None:
     results: list[dict] = []
     # Default settings (newline segments, at most 40) at short, medium and long chains; the model
     # solves 16-step chains a third of the time and 80-step ones never (no credit to localise).
+    cases = args.cases.split(",")
+    estimators = {name: ESTIMATORS[name] for name in args.estimators.split(",")}
     for steps, max_new in [(8, 128), (16, 160), (80, 640)]:
-        run(steps, "newline", {"tokens": 32, "min_tokens": 4, "max_segments": 40}, args.prompts, args.n, max_new,
-            args.repeats, args.seed, policy, results)
+        if str(steps) in cases:
+            run(steps, "newline", {"tokens": 32, "min_tokens": 4, "max_segments": 40}, args.prompts, args.n, max_new,
+                args.repeats, args.seed, policy, results, estimators)
     # Fixed segment density (one segment per 24 tokens, no cap): does cost double with length?
     for steps, max_new in [(40, 400), (80, 640)]:
-        run(steps, "fixed", {"tokens": 24, "min_tokens": 1, "max_segments": 10_000}, args.prompts, args.n, max_new,
-            args.repeats, args.seed, policy, results)
+        if f"fixed{steps}" in cases:
+            run(steps, "fixed", {"tokens": 24, "min_tokens": 1, "max_segments": 10_000}, args.prompts, args.n,
+                max_new, args.repeats, args.seed, policy, results, estimators)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,

@@ -34,7 +34,7 @@ from rredcot_cli.methods.grpo import grpo_advantage
 
 ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
 VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
-PROBE_SCORING = ("kv_cache", "packed")
+PROBE_SCORING = ("auto", "kv_cache", "packed")
 
 
 @dataclass
@@ -53,8 +53,10 @@ class RREDCoTParams:
     is_window: int = 16  # tokens of likelihood ratio; 0 = the whole suffix
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
     # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
-    # values) or packed (probes appended to the trace in one row with a block attention mask).
-    probe_scoring: str = "kv_cache"
+    # values), packed (probes appended to the trace in one row with a block attention mask), or
+    # auto: packed for answer_probe's few short probes, kv_cache for suffix_is's many (measured in
+    # docs/rredcot-value-cost.md).
+    probe_scoring: str = "auto"
 
 
 def segment_rewards(values: torch.Tensor, num_segments: torch.Tensor) -> torch.Tensor:
@@ -131,7 +133,7 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 @register("rredcot", params=RREDCoTParams, needs=("policy",))
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
-            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "kv_cache") -> Credit:
+            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "auto") -> Credit:
     """Estimate V after every segment boundary with ``value``, then redistribute.
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
@@ -178,10 +180,12 @@ def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[int]], *, probe_template,
                     matched: bool, window: int, self_normalised: bool, clip: float,
-                    probe_scoring: str = "kv_cache") -> list[torch.Tensor]:
+                    probe_scoring: str = "auto") -> list[torch.Tensor]:
     """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
     from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
 
+    if probe_scoring == "auto":
+        probe_scoring = "packed" if value == "answer_probe" else "kv_cache"
     scorer = cached_probe_logprobs if probe_scoring == "kv_cache" else packed_probe_logprobs
     prompts = batch.prompt_token_ids
     completions = batch.completion_token_ids

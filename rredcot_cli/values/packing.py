@@ -221,7 +221,7 @@ def cached_probe_logprobs(
         if stats is not None:
             stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(group) * layers[0][0].shape[2]
         local = {t: r for r, t in enumerate(group)}
-        pending = []
+        pending_by_trace: dict[int, list[int]] = {}
         for t in group:
             trace = traces[t]
             for index in by_trace[t]:
@@ -231,14 +231,15 @@ def cached_probe_logprobs(
                     # The probe continues its own trace: the encoding pass already scored it.
                     results[index] = own[local[t], start - 1 + probe.scored_from : end - 1].float()
                 else:
-                    pending.append(index)
+                    pending_by_trace.setdefault(t, []).append(index)
         # Each trace's probes are packed into rows of at most ``row_tokens`` (a probe takes its
         # length + 1); rows run in batches of at most ``max_probe_tokens`` positions.
         rows: list[tuple[int, list[int]]] = []
         for t in group:
             current: list[int] = []
             used = 0
-            for index in (i for i in pending if probes[i].trace == t):
+            # Probes with similar prefixes share a row, so a row's cache context stays short.
+            for index in sorted(pending_by_trace.get(t, []), key=lambda i: probes[i].prefix_len):
                 n = len(probes[index].tokens) + 1
                 if current and used + n > row_tokens:
                     rows.append((t, current))
@@ -247,6 +248,8 @@ def cached_probe_logprobs(
                 used += n
             if current:
                 rows.append((t, current))
+        # A batch's cache is cut at its longest prefix: batch rows of similar prefix length.
+        rows.sort(key=lambda row: probes[row[1][-1]].prefix_len)
         batch: list[tuple[int, list[int]]] = []
         widest = 0
         for row in rows + [None]:
