@@ -11,7 +11,7 @@ import time
 from omegaconf import DictConfig
 
 from rredcot_cli import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, method_and_params, table_rows
+from rredcot_cli.stages.common import console, make_benchmark, make_policy, method_and_params, read_segmented_samples
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
@@ -22,10 +22,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     out = runs.begin_stage(cfg, "attribute", overrides, inputs=inputs, keys=keys, subdir=spec.name)
     if out is None:
         return
-    samples_table = artifacts.read_artifact("samples", inputs["samples"])
-    segments_table = artifacts.read_artifact("segments", inputs["segments"])
-    artifacts.validate_segments_tile(segments_table, samples_table)
-    samples, segments = table_rows(samples_table), table_rows(segments_table)
+    samples, segments = read_segmented_samples(inputs)
 
     from rredcot_cli.rollout import attribute, credit_batch, credit_rows
 

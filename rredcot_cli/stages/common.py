@@ -93,3 +93,14 @@ def progress_bar(description: str, total: int, transient: bool = False) -> Itera
 def table_rows(table) -> list[dict]:
     """A pyarrow table as a list of row dicts."""
     return table.to_pylist()
+
+
+def read_segmented_samples(inputs: dict) -> tuple[list[dict], list[dict]]:
+    """Sample and segment rows from ``inputs["samples"]`` / ``inputs["segments"]``, refusing
+    segments that do not tile those samples' completions exactly."""
+    from rredcot_cli import artifacts
+
+    samples = artifacts.read_artifact("samples", inputs["samples"])
+    segments = artifacts.read_artifact("segments", inputs["segments"])
+    artifacts.validate_segments_tile(segments, samples)
+    return table_rows(samples), table_rows(segments)

@@ -25,7 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from rredcot_cli import artifacts, runs
 from rredcot_cli.config import CONF_DIR, ConfigError
 from rredcot_cli.errors import one_line
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, seed_everything, table_rows
+from rredcot_cli.stages.common import (
+    console,
+    make_benchmark,
+    make_policy,
+    progress_bar,
+    read_segmented_samples,
+    seed_everything,
+)
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
 
@@ -116,10 +123,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     out = runs.begin_stage(cfg, "judge", overrides, inputs=inputs, keys=CONFIG_KEYS)
     if out is None:
         return
-    samples_table = artifacts.read_artifact("samples", inputs["samples"])
-    segments_table = artifacts.read_artifact("segments", inputs["segments"])
-    artifacts.validate_segments_tile(segments_table, samples_table)
-    samples, segments = table_rows(samples_table), table_rows(segments_table)
+    samples, segments = read_segmented_samples(inputs)
     sample_stage = _sample_stage(inputs["samples"])
     sample_seconds = sample_stage.get("seconds")
 
