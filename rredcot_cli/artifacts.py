@@ -29,8 +29,21 @@ from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.runs import atomic_path
 
 
+_ADDED_LATER = b"rredcot.added_later"
+
+
 def _field(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
     return pa.field(name, type_, nullable=nullable)
+
+
+def _added_field(name: str, type_: pa.DataType) -> pa.Field:
+    """A nullable column added to a schema after files without it were written: reading such an
+    older file gives a column of nulls instead of an error, so old runs stay readable."""
+    return pa.field(name, type_, nullable=True, metadata={_ADDED_LATER: b"1"})
+
+
+def _is_added_later(field: pa.Field) -> bool:
+    return bool(field.metadata) and _ADDED_LATER in field.metadata
 
 
 _KEY = [_field("prompt_id", pa.string()), _field("sample_idx", pa.int32())]
@@ -113,6 +126,12 @@ TRAIN_METRICS = pa.schema(
         _field("tokens", pa.int64()),
         _field("seconds", pa.float32()),
         _field("eval_accuracy", pa.float32(), nullable=True),  # only on eval steps
+        # train.dynamic_sampling: sampling rounds this step and groups trained on (null without it)
+        _added_field("sampling_rounds", pa.int32()),
+        _added_field("groups_trained", pa.int32()),
+        # methods with a learned critic (ppo): its loss and explained variance (null otherwise)
+        _added_field("value_loss", pa.float32()),
+        _added_field("value_explained_variance", pa.float32()),
     ]
 )
 
@@ -222,7 +241,7 @@ def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     """
     spec = get_spec(kind)
     columns = _as_columns(kind, data)
-    missing = [name for name in spec.schema.names if name not in columns]
+    missing = [f.name for f in spec.schema if f.name not in columns and not _is_added_later(f)]
     extra = [name for name in columns if name not in spec.schema.names]
     if missing or extra:
         parts = []
@@ -233,7 +252,10 @@ def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
         raise ArtifactError(f"cannot write {kind}: {'; '.join(parts)}")
     arrays = []
     for field in spec.schema:
-        values = columns[field.name]
+        values = columns.get(field.name)
+        if values is None:  # an added-later column the writer does not fill
+            arrays.append(pa.nulls(_column_length(columns), type=field.type))
+            continue
         try:
             if isinstance(values, (pa.Array, pa.ChunkedArray)):
                 array = values.cast(field.type)
@@ -251,6 +273,10 @@ def build_table(kind: str, data: Mapping[str, Any] | Sequence[Mapping[str, Any]]
         sizes = ", ".join(f"{f.name}={len(a)}" for f, a in zip(spec.schema, arrays))
         raise ArtifactError(f"cannot write {kind}: columns have different lengths ({sizes})")
     return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def _column_length(columns: Mapping[str, Any]) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
 
 
 def write_artifact(
@@ -291,6 +317,9 @@ def read_artifact(kind: str, path: str | Path) -> pa.Table:
         raise ArtifactError(f"{path} is not a readable Parquet file ({one_line(e)})") from e
     problems = []
     for field in spec.schema:
+        if field.name not in names and _is_added_later(field):
+            table = table.append_column(field, pa.nulls(table.num_rows, type=field.type))
+            continue
         if field.name not in names:
             problems.append(f"missing column {field.name} ({field.type})")
             continue
