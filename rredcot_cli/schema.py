@@ -143,6 +143,28 @@ class TrainConfig:
     # Stop the run when this many policy updates in a row had a non-finite (NaN/inf) loss or
     # gradient; each is skipped (weights untouched) and logged. 0: never stop. Not hashed.
     max_nonfinite_updates: int = 3
+    # DAPO's dynamic sampling: drop groups whose completions all got the same reward (no outcome
+    # signal) and draw the next prompts_per_step problems until prompts_per_step mixed groups are
+    # found, at most max_sampling_rounds draws per step (then train on the mixed groups found).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+
+
+@dataclass
+class CriticConfig:
+    # The learned value function of methods that need one (ppo): a copy of the policy's body
+    # with a linear value head, trained on the GAE returns after every policy update. Other
+    # methods ignore this group (and it is not part of their config hash).
+    lr: float = 1e-4
+    updates_per_batch: int = 2
+    minibatch_size: int = 32
+    value_clip: float = 0.5  # PPO's clipped value loss around the old values (verl default); 0: off
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    # Where its weights start: "policy" (the policy's body and a zero head, so V = 0 at first;
+    # VinePPO's PPO baseline also starts the critic from the policy) or a critic.pt written by
+    # `rredcot train` (checkpoints/final/critic.pt), e.g. to attribute with a trained critic.
+    init: str = "policy"
 
 
 @dataclass
@@ -220,6 +242,7 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)

@@ -43,6 +43,10 @@ class Credit:
     # method has no such quantity (values for outcome-only methods).
     segment_values: torch.Tensor
     segment_credits: torch.Tensor
+    # Methods with a learned critic (ppo): the critic's values V(s_t) it used and the regression
+    # targets it should learn next, both (B, T) float32 with 0 on padding; None for other methods.
+    token_values: torch.Tensor | None = None
+    value_targets: torch.Tensor | None = None
 
 
 def broadcast_sequence_advantage(advantage: torch.Tensor, batch: CreditBatch) -> Credit:

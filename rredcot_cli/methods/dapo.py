@@ -20,11 +20,11 @@ DAPO's other three techniques live outside the advantage:
   - token-level loss: ``train.loss_agg=token-mean``; no KL term: ``train.kl_coef=0``
     (``experiment=dapo`` sets all of these);
   - dynamic sampling (over-sample prompts, drop groups whose accuracy is 0 or 1, refill the
-    batch) is NOT implemented: it needs the training loop to re-sample. The closest thing a credit
-    method can do is done here: with ``zero_uniform_groups`` a group whose correctness rewards are
-    all equal gets advantage 0 even when the length penalty differs within it, so such groups add
-    no gradient, as if dropped. Unlike true dynamic sampling they still count in the token-mean
-    denominator and are not replaced by informative groups.
+    batch) is a training-loop option, ``train.dynamic_sampling=true`` (rredcot_cli/stages/train.py
+    ``training_samples``), because it draws new samples. Without it, ``zero_uniform_groups`` gives
+    a group whose correctness rewards are all equal advantage 0 even when the length penalty
+    differs within it, so such groups add no gradient; unlike dynamic sampling they still count in
+    the token-mean denominator and are not replaced by informative groups.
 
 Shapes: rewards (B,), group_ids (B,), segment_ids (B, T) -> token advantages (B, T), exactly 0 on
 padding; segment credits (B, S) = A_i on every existing segment; no state values.
@@ -48,7 +48,7 @@ class DAPOParams:
     max_length: int = 256  # L_max: the generation budget (sampling.max_new_tokens)
     cache_length: int = 64  # L_cache: length of the soft-penalty zone before L_max
     overlong_filter: bool = False  # zero the advantage of completions of length >= L_max
-    zero_uniform_groups: bool = True  # stand-in for dynamic sampling (see the module docstring)
+    zero_uniform_groups: bool = True  # uniform groups get advantage 0 (see the module docstring)
     eps: float = 1e-6
 
 

@@ -11,7 +11,14 @@ import time
 from omegaconf import DictConfig
 
 from rredcot_cli import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, method_and_params, read_segmented_samples
+from rredcot_cli.stages.common import (
+    console,
+    make_benchmark,
+    make_collaborators,
+    make_policy,
+    method_and_params,
+    read_segmented_samples,
+)
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
@@ -19,6 +26,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
     # Model-based methods depend on the model that scores; outcome-only ones do not.
     keys = ["method", "seed"] + (["model", "backend", "benchmark"] if spec.needs else [])
+    keys += ["critic"] if "critic" in spec.needs else []
     out = runs.begin_stage(cfg, "attribute", overrides, inputs=inputs, keys=keys, subdir=spec.name)
     if out is None:
         return
@@ -26,10 +34,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
     from rredcot_cli.rollout import attribute, credit_batch, credit_rows
 
-    collaborators = {}
-    if spec.needs:
-        policy = make_policy(cfg)
-        collaborators = {"scorer": policy.backend, "policy": policy}
+    collaborators = make_collaborators(cfg, spec, make_policy(cfg)) if spec.needs else {}
     started = time.perf_counter()
     answer_probe = getattr(make_benchmark(cfg), "ANSWER_PROBE", None)
     batch = credit_batch(samples, segments, answer_probe=answer_probe)

@@ -62,6 +62,39 @@ def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     return spec, params
 
 
+def make_collaborators(cfg: DictConfig, spec: Any, policy: Any) -> dict[str, Any]:
+    """What the method ``spec`` declares it needs, built from ``policy`` and the config: the
+    policy and its scorer for model-based methods, a learned critic (``critic.*``) for ppo."""
+    collaborators: dict[str, Any] = {"scorer": policy.backend, "policy": policy}
+    if "critic" in spec.needs:
+        collaborators["critic"] = make_critic(cfg, policy)
+    return collaborators
+
+
+def make_critic(cfg: DictConfig, policy: Any):
+    """A ``ValueCritic`` on a copy of the policy's body, from ``critic.init``: "policy" (zero value
+    head) or a critic.pt written by ``rredcot train``."""
+    from pathlib import Path
+
+    from rredcot_cli.critic import ValueCritic
+    from rredcot_cli.config import ConfigError
+
+    c = cfg.critic
+    critic = ValueCritic.from_policy(policy.model, pad_id=policy.tokenizer.pad_token_id, lr=c.lr,
+                                     updates_per_batch=c.updates_per_batch, minibatch_size=c.minibatch_size,
+                                     value_clip=c.value_clip, grad_clip=c.grad_clip, weight_decay=c.weight_decay,
+                                     seed=cfg.seed)
+    if c.init != "policy":
+        if not Path(c.init).is_file():
+            raise ConfigError(f"critic.init={c.init}: no such file; use critic.init=policy or the critic.pt "
+                              f"of a ppo run (RUN/train/checkpoints/final/critic.pt)")
+        try:
+            critic.load_weights(c.init)
+        except ValueError as e:
+            raise ConfigError(f"critic.init={c.init}: {e}; it must be the critic.pt of a ppo run with this model") from e
+    return critic
+
+
 def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
     (each rule takes them all, so rules share one signature)."""

@@ -28,6 +28,7 @@ from rredcot_cli.errors import one_line
 from rredcot_cli.stages.common import (
     console,
     make_benchmark,
+    make_collaborators,
     make_policy,
     progress_bar,
     read_segmented_samples,
@@ -120,7 +121,11 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     changes = OmegaConf.to_container(cfg.judge.params, resolve=True)
     all_params = {name: method_params(name, changes.get(name)) for name in names}
     inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
-    out = runs.begin_stage(cfg, "judge", overrides, inputs=inputs, keys=CONFIG_KEYS)
+    from rredcot_cli.methods import get_method
+
+    # The critic group configures ppo's critic; it names the judgement only when ppo is judged.
+    keys = CONFIG_KEYS + (["critic"] if any("critic" in get_method(n).needs for n in names) else [])
+    out = runs.begin_stage(cfg, "judge", overrides, inputs=inputs, keys=keys)
     if out is None:
         return
     samples, segments = read_segmented_samples(inputs)
@@ -157,7 +162,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         advance(1)
         for name in names:
             advance(0, info=name)
-            rows.append(judge_method(name, all_params[name], samples, segments, answer_probe, policy, ref_values,
+            spec = get_method(name)
+            collaborators = make_collaborators(cfg, spec, policy) if spec.needs else {}
+            rows.append(judge_method(name, all_params[name], samples, segments, answer_probe, collaborators, ref_values,
                                      targets, reruns=cfg.judge.reruns, seed=cfg.seed, sample_seconds=sample_seconds))
             advance(1)
     seconds = time.perf_counter() - started
@@ -175,7 +182,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def judge_method(name: str, params: dict[str, Any], samples: list[dict], segments: list[dict],
-                 answer_probe: str | None, policy: Any, ref_values, targets: list | None, *, reruns: int, seed: int,
+                 answer_probe: str | None, collaborators: dict[str, Any], ref_values, targets: list | None, *, reruns: int, seed: int,
                  sample_seconds: float | None) -> dict[str, Any]:
     """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces."""
     from rredcot_cli.judge import advantage_spread, agreement, constant_within_completions, localisation
@@ -183,7 +190,6 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
     from rredcot_cli.rollout import attribute, credit_batch
 
     spec = get_method(name)
-    collaborators = {"scorer": policy.backend, "policy": policy} if spec.needs else {}
     measures: list[dict[str, Any]] = []
     advantages = []
     constant = True

@@ -2,9 +2,13 @@
 completions, asks the chosen credit method for per-token advantages, and takes clipped-ratio
 policy-gradient steps. The loop never looks at which method it runs.
 
+With ``train.dynamic_sampling`` (DAPO) a step draws more problems until it has
+``prompts_per_step`` groups whose rewards differ; a method with a learned critic (ppo) gets one
+from ``critic.*`` and the loop fits it to the method's value targets after each policy update.
+
 Every ``train.save_every`` steps it writes ``checkpoints/step-N``: the weights plus the optimizer,
-LR scheduler, RNG states (torch, numpy, python, the minibatch shuffler), the step (which is the
-data cursor: step k trains on problems (k-1)*prompts_per_step...) and the metrics so far.
+LR scheduler, RNG states (torch, numpy, python, the minibatch shuffler), the step, the data cursor
+(the next training problem), the critic's state if there is one, and the metrics so far.
 ``train.resume=true`` continues an unfinished run from the latest one; since sampling seeds are
 derived from (seed, step), the resumed steps equal those of an uninterrupted run.
 """
@@ -12,11 +16,13 @@ derived from (seed, step), the resumed steps equal those of an uninterrupted run
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 import re
 import shutil
 import time
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -29,6 +35,7 @@ from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.stages.common import (
     console,
     make_benchmark,
+    make_collaborators,
     make_policy,
     method_and_params,
     progress_bar,
@@ -36,7 +43,7 @@ from rredcot_cli.stages.common import (
     seed_everything,
     segmenter_and_kwargs,
 )
-from rredcot_cli.update import lr_lambda, policy_update
+from rredcot_cli.update import UpdateStats, lr_lambda, policy_update
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 # train.* keys that say how to run, not what to compute: left out of the config hash so that a
@@ -44,12 +51,16 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates")
 STATE_FILE = "trainer_state.pt"
 STATE_FORMAT = 1
+# A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
+_NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=float("nan"),
+                         approx_kl_old=float("nan"), entropy=float("nan"), grad_norm=float("nan"), lr=float("nan"),
+                         skipped=0, updates=0, trailing_skipped=0)
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
     t, s = cfg.train, cfg.sampling
-    out = runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={}, keys=CONFIG_KEYS, resume=t.resume)
+    out = runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={}, keys=config_keys(spec), resume=t.resume)
     if out is None:
         return
     checkpoints = out.dir / "checkpoints"
@@ -60,7 +71,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         _remove_step_checkpoints(checkpoints)  # they belong to the attempt this one replaces
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
-    train_problems = benchmark.load(cfg.benchmark.train_split, limit=t.steps * t.prompts_per_step)
+    draws_per_step = t.max_sampling_rounds if t.dynamic_sampling else 1
+    train_problems = benchmark.load(cfg.benchmark.train_split, limit=t.steps * t.prompts_per_step * draws_per_step)
     eval_problems = benchmark.load(cfg.benchmark.eval_split, limit=t.eval_problems)
     if not train_problems:
         raise TrainingError(f"benchmark {benchmark.name}: split {cfg.benchmark.train_split!r} has no problems to train on")
@@ -69,7 +81,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     reference = _frozen_copy(model) if t.kl_coef else None  # the initial policy, also when resuming
     segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
     segment_needs_entropy = needs_entropy(cfg.segment.name)
-    collaborators = {"scorer": policy.backend, "policy": policy}
+    collaborators = make_collaborators(cfg, spec, policy)
+    critic = collaborators.get("critic")
 
     batch_size = t.prompts_per_step * s.n
     updates_total = t.steps * t.updates_per_batch * -(-batch_size // t.minibatch_size)
@@ -77,6 +90,15 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
     generator = torch.Generator().manual_seed(runs.derive_seed(cfg.seed, "minibatches"))
     ppc = prompts_per_call(cfg.backend.batch_size, s.n)
+    if t.dynamic_sampling and t.max_sampling_rounds < 1:
+        raise TrainingError(f"train.max_sampling_rounds={t.max_sampling_rounds}: dynamic sampling needs at least 1")
+
+    def draw(step: int, problems: list, round_index: int) -> list[dict]:
+        # Round 0 has the seed a step without dynamic sampling has, so the two share it.
+        keys = ("train-sample", step) + ((round_index,) if round_index else ())
+        return sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
+                           temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(cfg.seed, *keys),
+                           prompts_per_call=ppc)
 
     def held_out_eval(step: int) -> tuple[list[dict], dict]:
         return evaluate(policy, benchmark, eval_problems, n=t.eval_samples, ks=[1, t.eval_samples],
@@ -87,10 +109,11 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if state is None:
         _, eval_before = held_out_eval(0)
         console.print(f"held-out pass@1 before training: {eval_before['pass@1']:.3f}")
-        progress = {"step": 0, "history": [], "tokens_seen": 0, "eval_before": eval_before, "seconds": 0.0,
-                    "nonfinite_streak": 0, "skipped_updates": 0}
+        progress = {"step": 0, "cursor": 0, "history": [], "tokens_seen": 0, "eval_before": eval_before,
+                    "seconds": 0.0, "nonfinite_streak": 0, "skipped_updates": 0}
     else:
-        progress = _restore(state, model, optimizer, scheduler, generator)
+        progress = _restore(state, model, optimizer, scheduler, generator, critic)
+        progress.setdefault("cursor", progress["step"] * t.prompts_per_step)  # states written before the cursor
         policy.backend.sync_weights(model)
         eval_before = progress["eval_before"]
         console.print(f"resuming {out.dir} from step {progress['step']} of {t.steps} ({state['path']})")
@@ -98,40 +121,52 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     tokens_seen = progress["tokens_seen"]
     streak = progress["nonfinite_streak"]
     skipped_total = progress["skipped_updates"]
+    cursor = progress["cursor"]
     first_step = progress["step"] + 1
     with progress_bar(f"train {spec.name}", total=t.steps) as advance:
         advance(first_step - 1)
         for step in range(first_step, t.steps + 1):
             step_started = time.perf_counter()
-            problems = _cycle(train_problems, (step - 1) * t.prompts_per_step, t.prompts_per_step)
-            samples = sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
-                                  temperature=s.temperature, top_p=s.top_p,
-                                  seed=runs.derive_seed(cfg.seed, "train-sample", step), prompts_per_call=ppc)
-            entropies = completion_entropies(policy, samples) if segment_needs_entropy else None
-            segments = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
-                                    **segment_kwargs)
-            batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None))
-            credit = attribute(spec, batch, params, collaborators)
-            stats = policy_update(
-                model, optimizer, scheduler,
-                prompt_ids=batch.prompt_token_ids, completion_ids=batch.completion_token_ids,
-                advantages=credit.token_advantages, pad_id=tokenizer.pad_token_id,
-                reference=reference, updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
-                clip_low=t.clip_low, clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=s.max_new_tokens,
-                kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, grad_clip=t.grad_clip, generator=generator,
-            )
-            policy.backend.sync_weights(model)
+            samples, drawn, cursor, rounds = training_samples(functools.partial(draw, step), train_problems, cursor,
+                                                              t.prompts_per_step, dynamic=t.dynamic_sampling,
+                                                              max_rounds=t.max_sampling_rounds)
+            stats, critic_stats = _NO_UPDATE, None
+            if samples:
+                entropies = completion_entropies(policy, samples) if segment_needs_entropy else None
+                segments = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
+                                        **segment_kwargs)
+                batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None))
+                credit = attribute(spec, batch, params, collaborators)
+                stats = policy_update(
+                    model, optimizer, scheduler,
+                    prompt_ids=batch.prompt_token_ids, completion_ids=batch.completion_token_ids,
+                    advantages=credit.token_advantages, pad_id=tokenizer.pad_token_id,
+                    reference=reference, updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
+                    clip_low=t.clip_low, clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=s.max_new_tokens,
+                    kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, grad_clip=t.grad_clip, generator=generator,
+                )
+                policy.backend.sync_weights(model)
+                if critic is not None:
+                    critic_stats = critic.fit(batch.prompt_token_ids, batch.completion_token_ids,
+                                              credit.token_values, credit.value_targets)
+            else:
+                console.print(f"[yellow]step {step}: no group with differing rewards in {rounds} draws of "
+                              f"{t.prompts_per_step} problems (train.max_sampling_rounds); no update this step[/yellow]")
 
-            tokens = sum(r["num_tokens"] for r in samples)
+            tokens = sum(r["num_tokens"] for r in drawn)
             tokens_seen += tokens
             row = {
                 "step": step,
-                "reward_mean": sum(r["reward"] for r in samples) / len(samples),
-                "accuracy": sum(r["scorable"] and r["reward"] > 0.5 for r in samples) / len(samples),
+                "reward_mean": sum(r["reward"] for r in drawn) / len(drawn),
+                "accuracy": sum(r["scorable"] and r["reward"] > 0.5 for r in drawn) / len(drawn),
                 "loss": stats.loss, "kl": stats.kl_ref, "entropy": stats.entropy,
-                "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "lr": stats.lr,
-                "response_tokens_mean": tokens / len(samples), "tokens": tokens_seen,
+                "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "lr": scheduler.get_last_lr()[0],
+                "response_tokens_mean": tokens / len(drawn), "tokens": tokens_seen,
                 "seconds": time.perf_counter() - step_started, "eval_accuracy": None,
+                "sampling_rounds": rounds if t.dynamic_sampling else None,
+                "groups_trained": len({r["prompt_id"] for r in samples}) if t.dynamic_sampling else None,
+                "value_loss": critic_stats.value_loss if critic_stats else None,
+                "value_explained_variance": critic_stats.explained_variance if critic_stats else None,
             }
             if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                 _, summary = held_out_eval(step)
@@ -145,18 +180,18 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             if t.max_nonfinite_updates and streak >= t.max_nonfinite_updates:
                 _stop_diverged(out.dir, history, step, streak, t.max_nonfinite_updates)
             if t.save_every and step % t.save_every == 0 and step != t.steps:
-                progress.update(step=step, tokens_seen=tokens_seen, nonfinite_streak=streak,
+                progress.update(step=step, cursor=cursor, tokens_seen=tokens_seen, nonfinite_streak=streak,
                                 skipped_updates=skipped_total,
                                 seconds=progress["seconds"] + time.perf_counter() - started)
                 started = time.perf_counter()
                 _save_state(checkpoints / f"step-{step:06d}", model, tokenizer, optimizer, scheduler, generator,
-                            progress, out.manifest["config_hash"])
+                            critic, progress, out.manifest["config_hash"])
             info = f"reward {row['reward_mean']:.2f}"
             if row["eval_accuracy"] is not None:
                 info += f"  eval {row['eval_accuracy']:.3f}"
             advance(1, info=info)
 
-    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final")
+    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final", critic)
     eval_rows_after, eval_after = held_out_eval(t.steps)
     seconds = progress["seconds"] + time.perf_counter() - started
     metrics_path = artifacts.write_artifact("train_metrics", history, out.dir / "metrics.parquet")
@@ -168,6 +203,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     out.finish({"metrics": metrics_path, "eval": eval_path, "summary": out.dir / "summary.json"},
                extra={"seconds": seconds, "resumed_from_step": first_step - 1 if state is not None else None})
     _print_summary(spec.name, history, eval_before, eval_after, seconds, final_dir)
+
+
+def config_keys(spec) -> list[str]:
+    """The config groups that name a training run of ``spec``: ``critic.*`` only for a method that
+    trains a critic, so changing it does not make other runs stale."""
+    return CONFIG_KEYS + (["critic"] if "critic" in spec.needs else [])
 
 
 def _hashed_config(cfg: DictConfig) -> DictConfig:
@@ -199,10 +240,10 @@ def _stop_diverged(folder, history, step, streak, limit) -> None:
 # --------------------------------------------------------------------------- resumable state
 
 
-def _save_state(path, model, tokenizer, optimizer, scheduler, generator, progress, config_hash) -> None:
+def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic, progress, config_hash) -> None:
     """One checkpoint folder holding the weights (HF format) and ``trainer_state.pt``: the
-    optimizer, scheduler, RNG states, step and metrics so far. Written as a whole atomically, so
-    a folder that exists is complete."""
+    optimizer, scheduler, RNG states, the critic (weights, optimizer, shuffler) if any, step, data
+    cursor and metrics so far. Written as a whole atomically, so a folder that exists is complete."""
     state = {
         "format": STATE_FORMAT,
         "config_hash": config_hash,
@@ -211,6 +252,7 @@ def _save_state(path, model, tokenizer, optimizer, scheduler, generator, progres
         "generator": generator.get_state(),
         "rng": _rng_states(),
         "progress": copy.deepcopy(progress),
+        "critic": None if critic is None else critic.state_dict(),
     }
     with runs.atomic_path(path) as tmp:
         model.save_pretrained(tmp)
@@ -239,7 +281,7 @@ def _latest_state(checkpoints, config_hash: str) -> dict | None:
     return None
 
 
-def _restore(state, model, optimizer, scheduler, generator) -> dict:
+def _restore(state, model, optimizer, scheduler, generator, critic) -> dict:
     """Load the weights of ``state['path']`` and every saved state; returns the progress dict."""
     from safetensors.torch import load_file
 
@@ -251,6 +293,10 @@ def _restore(state, model, optimizer, scheduler, generator) -> dict:
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"])
     _set_rng_states(state["rng"])
+    if critic is not None:
+        if state.get("critic") is None:
+            raise TrainingError(f"cannot resume from {state['path']}: it holds no critic state")
+        critic.load_state_dict(state["critic"])
     return state["progress"]
 
 
@@ -305,6 +351,37 @@ def _remove_step_checkpoints(checkpoints) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def training_samples(draw: Callable[[list, int], list[dict]], problems: list, cursor: int, per_step: int, *,
+                     dynamic: bool, max_rounds: int) -> tuple[list[dict], list[dict], int, int]:
+    """The samples one step trains on, every sample it drew, the new data cursor and the draws.
+
+    ``draw(problems, round_index)`` samples and verifies a group per problem. Without ``dynamic``
+    one draw of the next ``per_step`` problems is the batch. With it (DAPO's dynamic sampling,
+    Yu et al. 2025, arXiv 2503.14476) groups whose completions all share one reward are dropped and
+    the next ``per_step`` problems drawn until ``per_step`` mixed groups are kept or ``max_rounds``
+    draws were made; mixed groups beyond ``per_step`` are dropped too (as verl does), and a problem
+    already kept this step (a split smaller than a step's draws wraps around) is not kept again.
+    """
+    if not dynamic:
+        batch = draw(_cycle(problems, cursor, per_step), 0)
+        return batch, batch, cursor + per_step, 1
+    drawn: list[dict] = []
+    kept: dict[str, list[dict]] = {}
+    rounds = 0
+    while rounds < max_rounds and len(kept) < per_step:
+        batch = draw(_cycle(problems, cursor, per_step), rounds)
+        cursor += per_step
+        rounds += 1
+        drawn += batch
+        groups: dict[str, list[dict]] = {}
+        for row in batch:
+            groups.setdefault(row["prompt_id"], []).append(row)
+        for prompt_id, group in groups.items():
+            if len(kept) < per_step and prompt_id not in kept and len({r["reward"] for r in group}) > 1:
+                kept[prompt_id] = group
+    return [row for group in kept.values() for row in group], drawn, cursor, rounds
+
+
 def _cycle(items: list, start: int, count: int) -> list:
     """``count`` items from ``start``, wrapping around a split smaller than the run needs."""
     if not items:
@@ -319,11 +396,14 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return reference
 
 
-def _save_checkpoint(model, tokenizer, path):
-    """An HF model folder (weights + tokenizer), written atomically."""
+def _save_checkpoint(model, tokenizer, path, critic=None):
+    """An HF model folder (weights + tokenizer, and ``critic.pt`` for a method with a critic),
+    written atomically."""
     with runs.atomic_path(path) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if critic is not None:
+            critic.save_weights(tmp / "critic.pt")
     return path
 
 
