@@ -155,7 +155,7 @@ class CriticConfig:
     # The learned value function of methods that need one (ppo): a copy of the policy's body
     # with a linear value head, trained on the GAE returns after every policy update. Other
     # methods ignore this group (and it is not part of their config hash).
-    lr: float = 1e-4
+    lr: float = 3e-4  # 10x train.lr, the actor/critic ratio of verl's PPO examples (1e-6 / 1e-5)
     updates_per_batch: int = 2
     minibatch_size: int = 32
     value_clip: float = 0.5  # PPO's clipped value loss around the old values (verl default); 0: off
