@@ -18,7 +18,9 @@ critic is a per-token baseline.
 
 Shapes: B completions, T = longest completion, S = most segments. Token advantages (B, T), exactly
 0 on padding; ``token_values`` (B, T) and ``value_targets`` (B, T) go back to the training stage,
-which fits the critic to the targets after the policy update. Segment values (B, S) are
+which fits the critic to the targets after the policy update (that fit, a forward and backward
+pass per minibatch step, is a training cost outside this function; ``batch.extras["value_stats"]``
+counts the one critic forward made here). Segment values (B, S) are
 V(S_k) at the end of segment k (the critic's value at the first token after it; R for the last
 segment, as the other value methods report), segment credits (B, S) are the segment's summed TD
 errors, sum_{t in k} delta_t, which with gamma = 1 telescopes to V(S_k) - V(S_{k-1}).
@@ -114,6 +116,10 @@ def ppo(batch: CreditBatch, *, critic, gamma: float, lam: float, whiten: bool, e
     docstring. Defaults of the keyword arguments live in ``PPOParams``."""
     mask = batch.token_mask
     values = critic.values(batch.prompt_token_ids, batch.completion_token_ids).to(torch.float32) * mask
+    if batch.extras is not None:  # one critic forward over every prompt + completion (cost accounting)
+        stats = batch.extras.setdefault("value_stats", {})
+        positions = sum(len(p) + len(c) for p, c in zip(batch.prompt_token_ids, batch.completion_token_ids))
+        stats["forward_tokens"] = stats.get("forward_tokens", 0) + positions
     token_rewards = terminal_rewards(batch.rewards, mask)
     advantages, returns = gae(token_rewards, values, mask, gamma, lam)
     next_values = torch.cat([values[:, 1:], torch.zeros(values.shape[0], 1)], dim=1)
