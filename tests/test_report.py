@@ -201,11 +201,28 @@ def test_groups_split_by_differing_options_not_by_seed(tmp_path):
                   config_extra={"segment.name": "fixed", "method.value": "answer_probe"}),
     ]
     labels = {g.label: [r.seed for r in g.runs] for g in build_report(runs).groups}
+    # segment.name differs, but newline is its default: only the runs set apart show it.
     assert labels == {
-        "grpo · segment.name=newline": [0, 1],
+        "grpo": [0, 1],
         "rredcot · method.value=answer_probe · segment.name=fixed": [0],
         "rredcot · method.value=suffix_is · segment.name=fixed": [0],
     }
+
+
+def test_an_option_older_runs_lack_has_its_default(tmp_path):
+    old = write_run(tmp_path / "old", "grpo", 0, {0: 0.5, 1: 0.5}, EVAL_ROWS)
+    config = yaml.safe_load((old / "train" / "config.yaml").read_text())
+    config["train"].pop("dynamic_sampling", None)  # written before the option existed
+    (old / "train" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = [
+        old,
+        write_run(tmp_path / "new", "grpo", 1, {0: 0.5, 1: 0.6}, EVAL_ROWS,
+                  config_extra={"train.dynamic_sampling": False}),
+        write_run(tmp_path / "ds", "dapo", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS,
+                  config_extra={"train.dynamic_sampling": True}),
+    ]
+    labels = {g.label: [r.seed for r in g.runs] for g in build_report(runs).groups}
+    assert labels == {"grpo": [0, 1], "dapo · train.dynamic_sampling=True": [0]}
 
 
 def test_credit_quality_table_when_a_run_has_one(tmp_path):

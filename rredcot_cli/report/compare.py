@@ -35,7 +35,7 @@ from rredcot_cli.metrics import accuracy_by_bucket, mean_ci
 
 CONFIDENCE = 0.95
 # Config groups that decide what a training run computes (train's config keys, without seed).
-GROUPING_KEYS = ("model", "backend", "benchmark", "segment", "method", "sampling", "train")
+GROUPING_KEYS = ("model", "backend", "benchmark", "segment", "method", "sampling", "train", "critic")
 # Leaves that say how a run was executed, not what it computed: never split groups.
 IGNORED_LEAVES = {"train.resume", "train.max_nonfinite_updates", "train.save_every", "backend.num_threads",
                   "benchmark.verify_timeout_s"}
@@ -309,22 +309,44 @@ def _varying(results: Sequence[RunResult], keys_of) -> set[str]:  # noqa: ANN001
     return {k for k, vs in values.items() if any(not _same(vs[0], v) for v in vs[1:])}
 
 
-def assign_labels(results: Sequence[RunResult]) -> None:
-    """Label each run ``method`` plus every option that differs (``rredcot · segment.name=fixed``).
+def _schema_defaults(groups: Sequence[str]) -> dict[str, Any]:
+    """Leaves of the schema's defaults under ``groups``: the value an option had in runs made
+    before it existed (their config.yaml lacks it)."""
+    from omegaconf import OmegaConf
 
-    Non-method options count when they differ anywhere in the set; ``method.*`` parameters when
-    they differ between runs of the same method (methods have different parameters anyway).
+    from rredcot_cli.schema import Config
+
+    return _config_leaves(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), groups)
+
+
+def assign_labels(results: Sequence[RunResult]) -> None:
+    """Label each run ``method`` plus the options that set it apart (``rredcot · segment.name=fixed``).
+
+    Non-method options count when they differ anywhere in the set (an option missing from an older
+    run's config has its default); a run's label shows those where it is not at the default, or
+    where no run is. ``method.*`` parameters count when they differ between runs of the same
+    method (methods have different parameters anyway) and are always shown.
     """
     others = [g for g in GROUPING_KEYS if g != "method"]
-    shared = _varying(results, lambda r: _config_leaves(r.config, others))
+    defaults = _schema_defaults(others)
+
+    def shared_leaves(r: RunResult) -> dict[str, Any]:
+        return {**defaults, **_config_leaves(r.config, others)}
+
+    shared = _varying(results, shared_leaves)
+    nobody_default = {k for k in shared if k not in defaults
+                      or not any(_same(shared_leaves(r)[k], defaults[k]) for r in results)}
     by_method: dict[str, set[str]] = {}
     for method in {r.method for r in results}:
         same_method = [r for r in results if r.method == method]
         by_method[method] = _varying(same_method, lambda r: _config_leaves(r.config, ["method"])) - {"method.name"}
     for r in results:
-        leaves = _config_leaves(r.config, GROUPING_KEYS)
-        keys = sorted(by_method[r.method] & set(leaves)) + sorted(shared & set(leaves))
-        r.label = r.method + ("".join(f" · {k}={leaves[k]}" for k in keys) if keys else "")
+        method_leaves = _config_leaves(r.config, ["method"])
+        leaves = shared_leaves(r)
+        shown = [(k, method_leaves[k]) for k in sorted(by_method[r.method] & set(method_leaves))]
+        shown += [(k, leaves[k]) for k in sorted(shared & set(leaves))
+                  if k in nobody_default or not _same(leaves[k], defaults[k])]
+        r.label = r.method + "".join(f" · {k}={v}" for k, v in shown)
 
 
 # --------------------------------------------------------------------------- aggregation
