@@ -93,9 +93,9 @@ def test_report_over_real_training_runs(real_runs, tmp_path):
     out = tmp_path / "report"
     result = invoke("report", *real_runs, "--out", out)
     assert result.exit_code == 0, result.output
-    for name in ["report.md", "report.csv", "accuracy_vs_step.png", "accuracy_by_length.png"]:
+    for name in ["report.md", "report.csv", "final_accuracy.png", "accuracy_vs_step.png", "accuracy_by_length.png"]:
         assert (out / name).is_file(), name
-    for name in ["accuracy_vs_step.png", "accuracy_by_length.png"]:
+    for name in ["final_accuracy.png", "accuracy_vs_step.png", "accuracy_by_length.png"]:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     assert not list(out.glob("*.tmp-*"))
     assert "dr_grpo" in result.stdout and "grpo" in result.stdout  # the rich table
