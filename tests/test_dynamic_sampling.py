@@ -138,3 +138,18 @@ def test_train_with_dynamic_sampling_resumes_from_the_saved_cursor(tmp_path):
     log = rredcot("train", f"run.dir={resumed}", *TINY, "train.resume=true", cwd=tmp_path)
     assert "from step 2 of 4" in " ".join(log.split())
     assert metrics_without_clock(resumed) == metrics
+
+
+def test_a_step_without_mixed_groups_updates_nothing_and_training_goes_on(tmp_path):
+    # One completion per prompt: every group is uniform, so dynamic sampling never finds one.
+    run = tmp_path / "run"
+    log = rredcot("train", f"run.dir={run}", "method=grpo", "train.dynamic_sampling=true", "train.max_sampling_rounds=2",
+                  "sampling.n=1", "sampling.max_new_tokens=40", "benchmark.min_steps=2", "benchmark.max_steps=3",
+                  "train.steps=2", "train.prompts_per_step=2", "train.eval_every=0", "train.eval_problems=2",
+                  "train.eval_samples=2", cwd=tmp_path)
+    assert "no group with differing rewards in 2 draws" in " ".join(log.split())
+    metrics = pq.read_table(run / "train" / "metrics.parquet").to_pylist()
+    assert [(m["sampling_rounds"], m["groups_trained"]) for m in metrics] == [(2, 0), (2, 0)]
+    assert all(m["loss"] != m["loss"] for m in metrics)  # NaN: no update was taken
+    summary = json.loads((run / "train" / "summary.json").read_text())
+    assert summary["eval_after"] == summary["eval_before"]  # same weights, same eval seed
