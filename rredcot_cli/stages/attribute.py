@@ -18,6 +18,7 @@ from rredcot_cli.stages.common import (
     make_policy,
     method_and_params,
     read_segmented_samples,
+    warn_if_untrained_critic,
 )
 
 
@@ -35,6 +36,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     from rredcot_cli.rollout import attribute, credit_batch, credit_rows
 
     collaborators = make_collaborators(cfg, spec, make_policy(cfg)) if spec.needs else {}
+    warn_if_untrained_critic(cfg, spec)
     started = time.perf_counter()
     answer_probe = getattr(make_benchmark(cfg), "ANSWER_PROBE", None)
     batch = credit_batch(samples, segments, answer_probe=answer_probe)

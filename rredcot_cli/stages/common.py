@@ -71,6 +71,13 @@ def make_collaborators(cfg: DictConfig, spec: Any, policy: Any) -> dict[str, Any
     return collaborators
 
 
+def warn_if_untrained_critic(cfg: DictConfig, spec: Any) -> None:
+    """Outside training, a critic from ``critic.init=policy`` says V = 0 everywhere: say so."""
+    if "critic" in spec.needs and cfg.critic.init == "policy":
+        console.print(f"[yellow]{spec.name}: critic.init=policy is an untrained critic (V = 0 everywhere); "
+                      f"pass critic.init=RUN/train/checkpoints/final/critic.pt to use a trained one[/yellow]")
+
+
 def make_critic(cfg: DictConfig, policy: Any):
     """A ``ValueCritic`` on a copy of the policy's body, from ``critic.init``: "policy" (zero value
     head) or a critic.pt written by ``rredcot train``."""

@@ -33,6 +33,7 @@ from rredcot_cli.stages.common import (
     progress_bar,
     read_segmented_samples,
     seed_everything,
+    warn_if_untrained_critic,
 )
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
@@ -164,6 +165,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             advance(0, info=name)
             spec = get_method(name)
             collaborators = make_collaborators(cfg, spec, policy) if spec.needs else {}
+            warn_if_untrained_critic(cfg, spec)
             rows.append(judge_method(name, all_params[name], samples, segments, answer_probe, collaborators, ref_values,
                                      targets, reruns=cfg.judge.reruns, seed=cfg.seed, sample_seconds=sample_seconds))
             advance(1)
