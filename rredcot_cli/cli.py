@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Iterator, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -102,7 +103,7 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
     A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2.
     """
     overrides = list(overrides or [])
-    try:
+    with _one_line_errors():
         cfg = compose(overrides)
         if print_config:
             _print_config(cfg)
@@ -115,12 +116,19 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
                 raise
             raise ConfigError(f"stage '{stage}' is not available in this installation") from e
         module.run(cfg, overrides)
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2; so does an
+    ``OSError`` naming a file the stage wrote or read outside the atomic writers (which name their
+    own path): the machine's problem (disk full, permissions), not a bug, so no traceback."""
+    try:
+        yield
     except RredcotError as e:
         typer.echo(f"error: {one_line(e)}", err=True)
         raise typer.Exit(code=2) from None
     except OSError as e:
-        # A file the stage wrote or read outside the atomic writers (which name their own path):
-        # the machine's problem (disk full, permissions), not a bug, so one line without traceback.
         if e.filename is None:
             raise
         typer.echo(f"error: {os_error_message(e)}", err=True)
@@ -186,18 +194,10 @@ def report(
         "runs/report"),
 ) -> None:
     """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
-    try:
+    with _one_line_errors():
         from rredcot_cli.stages import report as report_stage
 
         report_stage.run(run_dirs, out)
-    except RredcotError as e:
-        typer.echo(f"error: {one_line(e)}", err=True)
-        raise typer.Exit(code=2) from None
-    except OSError as e:
-        if e.filename is None:
-            raise
-        typer.echo(f"error: {os_error_message(e)}", err=True)
-        raise typer.Exit(code=2) from None
 
 
 def main() -> None:
