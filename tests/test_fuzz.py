@@ -14,12 +14,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batches import batch_from_segments
 from rredcot_cli import artifacts
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.errors import ArtifactError, RredcotError
 from rredcot_cli.methods import get_method
-from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.rredcot import redistribute
 from rredcot_cli.schema import SegmentConfig
 from rredcot_cli.segmenters import SEGMENTERS
@@ -201,16 +201,7 @@ def credit_batches(draw):
             group_ids.append(g)
             rewards.append(draw(st.sampled_from([0.0, 1.0, 0.5])))
             layouts.append(draw(st.lists(st.integers(1, 6), min_size=1, max_size=5)))
-    T = max(sum(layout) for layout in layouts)
-    segment_ids = torch.full((len(rewards), T), -1, dtype=torch.long)
-    for i, layout in enumerate(layouts):
-        t = 0
-        for k, n in enumerate(layout):
-            segment_ids[i, t : t + n] = k
-            t += n
-    batch = CreditBatch(rewards=torch.tensor(rewards), group_ids=torch.tensor(group_ids), segment_ids=segment_ids,
-                        num_segments=torch.tensor([len(layout) for layout in layouts]))
-    return batch, layouts
+    return batch_from_segments(rewards, group_ids, layouts), layouts
 
 
 @fuzz(300)

@@ -7,20 +7,7 @@ import math
 import pytest
 import torch
 
-from rredcot_cli.methods.base import CreditBatch
-
-
-def batch_from_segments(rewards, groups, seg_lengths):
-    """seg_lengths[i] = token counts of completion i's segments; padding after them."""
-    T = max(sum(s) for s in seg_lengths) + 1  # at least one padding column
-    ids = torch.full((len(rewards), T), -1, dtype=torch.long)
-    for i, lengths in enumerate(seg_lengths):
-        t = 0
-        for k, n in enumerate(lengths):
-            ids[i, t : t + n] = k
-            t += n
-    return CreditBatch(rewards=torch.tensor(rewards, dtype=torch.float32), group_ids=torch.tensor(groups),
-                       segment_ids=ids, num_segments=torch.tensor([len(s) for s in seg_lengths]))
+from batches import batch_from_segments
 
 
 # ------------------------------------------------------------------ mc: hand-computed tensors
@@ -29,7 +16,7 @@ def batch_from_segments(rewards, groups, seg_lengths):
 def test_vineppo_advantages_hand_computed():
     from rredcot_cli.methods.mc import assemble_values, vineppo_credit
 
-    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1, 2], [1, 2]])
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1, 2], [1, 2]], padding=1)
     # MC estimates at S_0..S_{K-1}; V(S_K) is the reward.
     values = assemble_values([torch.tensor([0.5, 0.25, 0.75]), torch.tensor([0.5, 0.125])], batch.rewards,
                              batch.num_segments)
@@ -54,7 +41,7 @@ def test_vineppo_advantages_hand_computed():
 def test_assemble_values_with_group_mean_baseline():
     from rredcot_cli.methods.mc import assemble_values
 
-    batch = batch_from_segments([1.0, 0.0], [0, 0], [[1, 1], [1]])
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[1, 1], [1]], padding=1)
     values = assemble_values([torch.tensor([0.75]), torch.tensor([])], batch.rewards, batch.num_segments,
                              v0=torch.tensor([0.5, 0.5]))
     assert torch.equal(values[0], torch.tensor([0.5, 0.75, 1.0]))
@@ -100,7 +87,7 @@ def test_loo_attributions_hand_computed():
 def test_segment_sums_hand_computed():
     from rredcot_cli.methods._attribution import segment_sums
 
-    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1], [1]])
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1], [1]], padding=1)
     values = torch.tensor([[1.0, 2.0, 4.0, 100.0], [8.0, 100.0, 100.0, 100.0]])  # 100 sits on padding
     sums = segment_sums(values, batch.segment_ids, batch.num_segments)
     assert torch.equal(sums[0], torch.tensor([3.0, 4.0]))
@@ -110,7 +97,7 @@ def test_segment_sums_hand_computed():
 def test_attribution_advantages_hand_computed():
     from rredcot_cli.methods._attribution import attribution_advantages
 
-    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1], [1, 1]])
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1], [1, 1]], padding=1)
     attributions = torch.tensor([[2.0, 0.0], [1.0, -1.0]])
     credit = attribution_advantages(attributions, batch, beta=1.0, w_min=0.1, w_max=3.0, eps=0.0)
     # GRPO: mean 0.5, unbiased std sqrt(0.5) -> A = +-sqrt(0.5).
@@ -137,7 +124,7 @@ def test_attribution_advantages_hand_computed():
 def test_attribution_advantages_vanish_on_uniform_groups():
     from rredcot_cli.methods._attribution import attribution_advantages
 
-    batch = batch_from_segments([1.0, 1.0], [0, 0], [[1, 2], [3]])
+    batch = batch_from_segments([1.0, 1.0], [0, 0], [[1, 2], [3]], padding=1)
     credit = attribution_advantages(torch.tensor([[5.0, -1.0], [2.0, float("nan")]]), batch, beta=1.0,
                                     w_min=0.1, w_max=3.0, eps=1e-6)
     assert torch.all(credit.token_advantages == 0)

@@ -7,22 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot_cli.methods.base import CreditBatch
+from batches import batch_from_segments
 from rredcot_cli.methods.rredcot import redistribute, segment_ends
 from rredcot_cli.values.packing import Probe, cached_probe_logprobs, packed_probe_logprobs, unpacked_probe_logprobs
-
-
-def batch_from_segments(rewards, groups, seg_lengths):
-    """seg_lengths[i] = token counts of completion i's segments."""
-    T = max(sum(s) for s in seg_lengths)
-    ids = torch.full((len(rewards), T), -1, dtype=torch.long)
-    for i, lengths in enumerate(seg_lengths):
-        t = 0
-        for k, n in enumerate(lengths):
-            ids[i, t : t + n] = k
-            t += n
-    return CreditBatch(rewards=torch.tensor(rewards, dtype=torch.float32), group_ids=torch.tensor(groups),
-                       segment_ids=ids, num_segments=torch.tensor([len(s) for s in seg_lengths]))
 
 
 def values_tensor(rows, S):
