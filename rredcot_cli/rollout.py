@@ -95,6 +95,15 @@ def format_prompt(tokenizer: Any, text: str, chat_template: bool) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
 
 
+def encode_prompt(tokenizer: Any, text: str, chat_template: bool) -> list[int]:
+    """The prompt's token ids, the one tokenisation both sampling and training use.
+
+    A chat template already writes the model's special tokens (BOS included) into the text, so
+    its output is tokenised without adding them again; a plain prompt gets the tokenizer's own
+    special tokens (e.g. a BOS for Llama-style tokenizers), as ``tokenizer(text)`` gives them."""
+    return list(tokenizer(text, add_special_tokens=not chat_template)["input_ids"])
+
+
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
     for index, start in enumerate(range(0, len(items), max(1, size))):
         yield index, items[start : start + size]
@@ -121,9 +130,9 @@ def sample_rows(
     rows: list[dict] = []
     for chunk_index, chunk in chunks(problems, prompts_per_call):
         prompts = [format_prompt(policy.tokenizer, benchmark.prompt(p), policy.chat_template) for p in chunk]
-        groups = policy.backend.generate(prompts, params, seed=derive_seed(seed, "generate", chunk_index))
-        for problem, prompt, completions in zip(chunk, prompts, groups):
-            prompt_ids = policy.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        prompt_ids = [encode_prompt(policy.tokenizer, text, policy.chat_template) for text in prompts]
+        groups = policy.backend.generate(prompt_ids, params, seed=derive_seed(seed, "generate", chunk_index))
+        for problem, prompt, ids, completions in zip(chunk, prompts, prompt_ids, groups):
             for sample_idx, completion in enumerate(completions):
                 reward = benchmark.verify(completion.text, problem)
                 rows.append(
@@ -131,7 +140,7 @@ def sample_rows(
                         "prompt_id": problem.prompt_id,
                         "sample_idx": sample_idx,
                         "prompt": prompt,
-                        "prompt_token_ids": list(prompt_ids),
+                        "prompt_token_ids": ids,
                         "completion": completion.text,
                         "completion_token_ids": list(completion.token_ids),
                         "completion_logprobs": [float(x) for x in completion.logprobs],

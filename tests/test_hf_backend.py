@@ -9,7 +9,8 @@ from rredcot_cli.backends.base import SamplingParams
 from rredcot_cli.backends.hf import HFBackend, completion_logprobs, pack_prompt_completion
 from rredcot_cli.models import build_char_tokenizer, build_tiny_model
 
-PROMPTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "Find the first x in 1 2 with (3x+1)%10=7\n"]
+PROMPT_TEXTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "Find the first x in 1 2 with (3x+1)%10=7\n"]
+PROMPTS = [build_char_tokenizer()(text)["input_ids"] for text in PROMPT_TEXTS]  # backends take token ids
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_greedy_is_deterministic_and_batch_independent(model, tokenizer):
 def test_generate_logprobs_match_score(backend, temperature):
     params = SamplingParams(n=2, max_new_tokens=20, temperature=temperature)
     groups = backend.generate(PROMPTS, params, seed=1)
-    prompt_ids = backend.encode_prompts(PROMPTS)
+    prompt_ids = PROMPTS
     flat = _flat(groups)
     p_ids = [prompt_ids[i] for i in range(len(PROMPTS)) for _ in range(params.n)]
     scored, ent = backend.score(p_ids, [c.token_ids for c in flat], with_entropy=True)
@@ -96,7 +97,7 @@ def test_logprobs_under_temperature_and_top_p(backend, model, tokenizer):
     """Recorded log-probs are those of the warped distribution the token was drawn from."""
     t, top_p = 0.7, 0.9
     groups = backend.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=8, temperature=t, top_p=top_p), seed=2)
-    prompt = backend.encode_prompts(PROMPTS[:1])[0]
+    prompt = PROMPTS[0]
     for c in groups[0]:
         ids = torch.tensor([prompt + c.token_ids])
         with torch.no_grad():

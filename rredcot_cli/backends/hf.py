@@ -153,26 +153,22 @@ class HFBackend:
             [tokenizer.eos_token_id] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
         )
 
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        """Prompt token ids exactly as ``generate`` feeds them (tokenizer special tokens included)."""
-        return [self.tokenizer(p)["input_ids"] for p in prompts]
-
     # -- generate ------------------------------------------------------------------------
-    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Completion]]:
-        """``params.n`` completions per prompt; same (prompts, params, seed, batch_size) -> same output.
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[list[Completion]]:
+        """``params.n`` completions per prompt; same (prompt_ids, params, seed, batch_size) -> same output.
 
         temperature 0 means greedy; the log-probs are then those of the model at temperature 1.
         Otherwise each log-prob is that of the token under the distribution it was sampled from
         (temperature and top-p applied). Prompts x n are generated in chunks of ``batch_size``.
         """
-        flat = [p for p in prompts for _ in range(params.n)]
+        flat = [list(p) for p in prompt_ids for _ in range(params.n)]
         flat_out: list[Completion] = []
         fork_devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
             torch.manual_seed(seed)
             for start in range(0, len(flat), self.batch_size):
                 flat_out.extend(self._generate_batch(flat[start : start + self.batch_size], params))
-        return [flat_out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        return [flat_out[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
     def _generate_kwargs(self, params: SamplingParams) -> dict:
         sampling = params.temperature > 0
@@ -193,10 +189,16 @@ class HFBackend:
                           typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
         return kwargs
 
-    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-        input_ids = enc["input_ids"].to(self.device)
-        attention_mask = enc["attention_mask"].to(self.device)
+    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token to generate from")
+        width = max(len(p) for p in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):  # left padding, as batched generation needs
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
         sequences = self.model.generate(
             input_ids=input_ids,
