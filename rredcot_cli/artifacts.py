@@ -132,6 +132,10 @@ TRAIN_METRICS = pa.schema(
         # methods with a learned critic (ppo): its loss and explained variance (null otherwise)
         _added_field("value_loss", pa.float32()),
         _added_field("value_explained_variance", pa.float32()),
+        # mean log pi_sampler - log pi_trainer over the step's tokens (sampler/trainer mismatch),
+        # and fp16 loss-scale overflows skipped (null when there was no update)
+        _added_field("sampler_kl", pa.float32()),
+        _added_field("overflow_skipped", pa.int32()),
     ]
 )
 

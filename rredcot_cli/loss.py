@@ -19,6 +19,7 @@ import torch
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "constant")
 KL_ESTIMATORS = ("k1", "k3")
+SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass
@@ -39,23 +40,72 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
+def sampler_correction_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> torch.Tensor:
+    """Importance weights for the sampler/trainer mismatch, (B, T), 0 on padding.
+
+    The completions were drawn by the sampler (vLLM kernels, another batch shape, another
+    precision) with log-probs ``sampler_logprobs``, while the PPO ratio is taken against the
+    trainer's own ``old_logprobs`` of the same tokens. The ratio rho = pi_old / pi_sampler corrects
+    the policy gradient back to an on-policy estimate; capping it bounds its variance (truncated
+    importance sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training"; TRL's ``vllm_importance_sampling_*`` modes):
+
+    token_truncate     min(rho_t, cap) per token
+    token_mask         rho_t per token, 0 where rho_t > cap
+    sequence_truncate  min(rho, cap) with rho = prod_t rho_t, the same for every token of a row
+    sequence_mask      rho for the whole row, 0 for every token of a row whose rho > cap
+    none               1
+    """
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"unknown sampler correction {mode!r}; valid: {', '.join(SAMPLER_CORRECTIONS)}")
+    maskf = mask.to(old_logprobs.dtype)
+    if mode == "none":
+        return maskf
+    log_rho = (old_logprobs.detach() - sampler_logprobs.detach()) * maskf
+    if mode.startswith("sequence"):
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+    rho = torch.exp(log_rho.clamp(max=50.0))  # exp(50) is far above any cap: masked or truncated anyway
+    weights = rho.clamp(max=cap) if mode.endswith("truncate") else torch.where(rho > cap, torch.zeros_like(rho), rho)
+    return weights * maskf
+
+
+def loss_normalizer(mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> float:
+    """What ``aggregate`` divides by for the rows of ``mask`` (B, T): the token count
+    (token-mean), the sequence count (seq-mean-token-mean) or sequences x the generation budget
+    (constant). Computed once over a whole minibatch and handed to ``aggregate`` for each of its
+    micro-batches (or ranks), the summed micro-batch losses equal the minibatch loss exactly."""
+    if mode == "token-mean":
+        return float(mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-mean":
+        return float(max(1, mask.shape[0]))
+    if mode == "constant":
+        if not max_tokens:
+            raise ValueError("loss_agg='constant' needs max_tokens (the generation budget)")
+        return float(mask.shape[0] * max_tokens)
+    raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(LOSS_AGGREGATIONS)}")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None,
+              normalizer: float | None = None) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar over the positions where ``mask`` is True.
 
     token-mean          sum over all tokens / number of tokens (DAPO)
     seq-mean-token-mean mean over sequences of each sequence's token mean (GRPO paper)
     constant            sum over all tokens / (B * max_tokens) (Dr. GRPO: no length bias)
+
+    ``normalizer`` replaces the denominator computed from these rows: pass the
+    ``loss_normalizer`` of the whole minibatch when these rows are one micro-batch of it.
     """
     mask = mask.to(per_token.dtype)
-    if mode == "token-mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if normalizer is None:
+        normalizer = loss_normalizer(mask, mode, max_tokens)
+    if mode in ("token-mean", "constant"):
+        return (per_token * mask).sum() / normalizer
     if mode == "seq-mean-token-mean":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        return per_seq.mean()
-    if mode == "constant":
-        if not max_tokens:
-            raise ValueError("loss_agg='constant' needs max_tokens (the generation budget)")
-        return (per_token * mask).sum() / (per_token.shape[0] * max_tokens)
+        return per_seq.sum() / normalizer
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(LOSS_AGGREGATIONS)}")
 
 
@@ -72,10 +122,15 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    sampler_weights: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped surrogate loss. All tensors are (B, T); ``mask`` is True on completion tokens.
 
     Gradients flow through ``logprobs`` only; old/ref log-probs and advantages are constants.
+    ``sampler_weights`` (``sampler_correction_weights``) multiply the policy-gradient term of
+    each token (not the KL term, which is an estimate under the current policy, as in TRL);
+    ``normalizer`` is the minibatch's ``loss_normalizer`` when these rows are a micro-batch.
     """
     mask = mask.bool()
     old_logprobs = old_logprobs.detach()
@@ -84,6 +139,8 @@ def policy_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
+    if sampler_weights is not None:
+        per_token = per_token * sampler_weights.detach()
 
     kl_ref = torch.zeros((), dtype=logprobs.dtype)
     if ref_logprobs is not None and kl_coef != 0.0:
@@ -91,7 +148,7 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
         kl_ref = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
 
-    loss = aggregate(per_token, mask, loss_agg, max_tokens)
+    loss = aggregate(per_token, mask, loss_agg, max_tokens, normalizer)
     with torch.no_grad():
         n_tokens = mask.sum().clamp(min=1)
         was_clipped = (clipped < unclipped) & mask

@@ -28,6 +28,9 @@ class ModelConfig:
     # "embedded" is the tiny model shipped inside the package; anything else is an HF hub id or a
     # local folder in HF format (a checkpoint written by `rredcot train` is one).
     path: str = "embedded"
+    # The dtype the model computes in: the vLLM engine, HF sampling and scoring, and the autocast
+    # dtype of training. The trained weights follow train.precision (float32 master weights under
+    # the default mixed precision) and checkpoints are written back in this dtype.
     dtype: str = "float32"
     trust_remote_code: bool = False
     # Prepend the tokenizer's chat template to prompts (real instruct models).
@@ -148,6 +151,22 @@ class TrainConfig:
     # found, at most max_sampling_rounds draws per step (then train on the mixed groups found).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
+    # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/precision.py). auto follows
+    # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
+    precision: str = "auto"
+    # Recompute each decoder layer's activations in backward instead of keeping them.
+    gradient_checkpointing: bool = False
+    # Completions per forward/backward pass, gradients accumulated over the minibatch (same
+    # update as one pass); 0: the whole minibatch at once. Not hashed (changes memory, not math).
+    micro_batch_size: int = 0
+    # Completion positions per chunk of LM head + log-softmax, so full-vocabulary fp32 logits are
+    # never held for a whole micro-batch; 0: one pass. Not hashed.
+    logprob_chunk_tokens: int = 1024
+    # Importance weights for the mismatch between the sampler's recorded log-probs and the
+    # trainer's (vLLM kernels, precision): none | token_truncate | token_mask | sequence_truncate |
+    # sequence_mask, with the cap below (rredcot_cli/loss.py, as TRL's vllm_importance_sampling_*).
+    sampler_correction: str = "none"
+    sampler_correction_cap: float = 2.0
 
 
 @dataclass

@@ -1,17 +1,24 @@
 """One policy update on a sampled batch: old log-probs, then several clipped-ratio minibatch steps.
 
 Kept apart from the training stage so the stage reads as sample -> segment -> attribute ->
-update, and so tests can drive an update on hand-made tensors.
+update, and so tests can drive an update on hand-made tensors. How the model is run (the
+sampling distribution the log-probs are taken under, autocast, chunked LM head, micro-batches)
+is one ``ForwardPass``; how a gradient becomes a step (loss scaling, clipping, skipping
+non-finite steps) is a ``precision.GradientStepper``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
 
 import torch
 
-from rredcot_cli.loss import policy_loss
+from rredcot_cli.logprobs import completion_logprobs
+from rredcot_cli.loss import loss_normalizer, policy_loss, sampler_correction_weights
+from rredcot_cli.precision import GradientStepper, Precision
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
@@ -33,6 +40,32 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     return factor
 
 
+@dataclass(frozen=True)
+class ForwardPass:
+    """How the trained model is run over completions.
+
+    ``temperature``/``top_p``: the sampling distribution, so log-probs (old, new, reference) are
+    those of the distribution the completions were drawn from. ``chunk_tokens``: LM-head chunk
+    (``logprobs.completion_logprobs``; 0 = one pass). ``micro_batch_size``: rows per forward and
+    backward, gradients accumulated over a minibatch (0 = the whole minibatch at once).
+    ``autocast``: the precision context (``Precision.autocast``)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    chunk_tokens: int = 0
+    micro_batch_size: int = 0
+    autocast: Callable[[], ContextManager] = field(default=nullcontext)
+
+    def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
+        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's device."""
+        with self.autocast():
+            return completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy,
+                                       temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
+
+    def rows_per_pass(self, minibatch_size: int) -> int:
+        return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
+
+
 @dataclass
 class UpdateStats:
     loss: float
@@ -45,20 +78,24 @@ class UpdateStats:
     skipped: int  # minibatch steps skipped because the loss or the gradient was not finite
     updates: int  # minibatch steps taken
     trailing_skipped: int  # skipped steps after the last one taken (all of them if none was)
+    # Mean over tokens of log pi_sampler - log pi_old (a k1 estimate of KL(sampler || trainer)):
+    # how far the numbers the sampler recorded are from the trainer's; NaN without sampler log-probs.
+    sampler_kl: float = float("nan")
+    overflow_skipped: int = 0  # fp16 loss-scale overflows: skipped and rescaled, never a divergence
 
 
-def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
+def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool,
+                               forward: ForwardPass = ForwardPass()):
     """(B, T) log-probs, mask and entropies (or None) of the completion tokens, T = longest
     completion, on the model's device."""
-    from rredcot_cli.backends.hf import completion_logprobs
-
-    return completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy=with_entropy)
+    return forward.logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy)
 
 
 @torch.no_grad()
-def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size):
+def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size,
+                                forward: ForwardPass = ForwardPass()):
     """Like ``padded_completion_logprobs`` without gradients, ``chunk_size`` sequences at a time
-    so a large batch does not hold every sequence's logits at once."""
+    so a large batch does not hold every sequence's activations at once. CPU float32 tensors."""
     B = len(completion_ids)
     T = max((len(c) for c in completion_ids), default=0)
     logprobs = torch.zeros(B, T)
@@ -66,7 +103,7 @@ def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk
     entropies = torch.zeros(B, T)
     for start in range(0, B, chunk_size):
         end = min(B, start + chunk_size)
-        lp, m, ent = padded_completion_logprobs(model, prompt_ids[start:end], completion_ids[start:end], pad_id, True)
+        lp, m, ent = forward.logprobs(model, prompt_ids[start:end], completion_ids[start:end], pad_id, True)
         t = lp.shape[1]
         logprobs[start:end, :t] = lp.float().cpu()
         mask[start:end, :t] = m.cpu()
@@ -94,72 +131,118 @@ def policy_update(
     kl_estimator: str,
     grad_clip: float,
     generator: torch.Generator,
+    forward: ForwardPass = ForwardPass(),
+    stepper: GradientStepper | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    sampler_correction: str = "none",
+    sampler_cap: float = 2.0,
+    reference_forward: ForwardPass | None = None,
 ) -> UpdateStats:
     """``updates_per_batch`` passes over the batch in shuffled minibatches.
 
     advantages: (B, T) with T = the longest completion; zero on padding. The old log-probs are
-    the policy's own before the first step (so the first minibatch step has ratio 1). A minibatch
-    whose loss or gradient norm is not finite changes nothing (no optimizer or scheduler step);
-    ``skipped`` and ``trailing_skipped`` count them so the caller can stop a run that diverged."""
+    the policy's own before the first step (so the first minibatch step has ratio 1), under the
+    sampling distribution of ``forward``. ``sampler_logprobs`` (B, T), the log-probs the sampler
+    recorded, feed the sampler/trainer mismatch metric and, with ``sampler_correction``, importance
+    weights on the policy-gradient term (``loss.sampler_correction_weights``).
+
+    A minibatch is run ``forward.micro_batch_size`` rows at a time with gradients accumulated; its
+    loss is normalised by the whole minibatch's ``loss_normalizer``, so the step equals that of one
+    pass over the minibatch. A minibatch whose loss or gradient norm is not finite changes nothing
+    (no optimizer or scheduler step); ``skipped`` and ``trailing_skipped`` count them so the caller
+    can stop a run that diverged. ``reference_forward`` runs the reference model (default:
+    ``forward``; a reference held in the low dtype needs no autocast)."""
     B = len(completion_ids)
+    stepper = stepper or GradientStepper(Precision("fp32", torch.float32, None))
+    rows = forward.rows_per_pass(minibatch_size)
+    params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
-    old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, minibatch_size)
+    old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows, forward)
     ref_logprobs = None
     if reference is not None and kl_coef != 0.0:
-        ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, minibatch_size)
+        ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
+                                                         reference_forward or forward)
     entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1))
+    sampler_kl = float("nan")
+    weights = None
+    if sampler_logprobs is not None:
+        sampler_logprobs = sampler_logprobs[:, : mask.shape[1]]
+        sampler_kl = float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1))
+        if sampler_correction != "none":
+            weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, sampler_correction, sampler_cap)
 
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
-    steps = skipped = trailing = 0
+    steps = skipped = trailing = overflows = 0
     for _ in range(updates_per_batch):
         order = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, minibatch_size):
             idx = order[start : start + minibatch_size]
-            logprobs, mb_mask, _ = padded_completion_logprobs(
-                model, [prompt_ids[i] for i in idx], [completion_ids[i] for i in idx], pad_id, with_entropy=False
-            )
-            T = logprobs.shape[1]  # the minibatch's longest completion
-
-            def on_device(x: torch.Tensor) -> torch.Tensor:
-                return x[idx, :T].to(logprobs.device)
-
-            loss, stats = policy_loss(
-                logprobs,
-                on_device(old_logprobs),
-                on_device(advantages),
-                mb_mask,
-                clip_low=clip_low,
-                clip_high=clip_high,
-                loss_agg=loss_agg,
-                max_tokens=max_tokens,
-                ref_logprobs=None if ref_logprobs is None else on_device(ref_logprobs),
-                kl_coef=kl_coef,
-                kl_estimator=kl_estimator,
-            )
+            normalizer = loss_normalizer(mask[idx], loss_agg, max_tokens)
             optimizer.zero_grad(set_to_none=True)
-            if not torch.isfinite(loss):
-                skipped += 1
-                trailing += 1
-                continue
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-            if not torch.isfinite(grad_norm):
-                # A finite loss can still have an inf/NaN gradient; one such step would poison the
-                # weights and the optimizer moments for good, so it is skipped like a NaN loss.
+            minibatch = _accumulate_minibatch(
+                model, forward, stepper, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs, advantages,
+                ref_logprobs, weights, normalizer, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg,
+                max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator)
+            if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 trailing += 1
                 continue
-            optimizer.step()
+            result = stepper.step(optimizer, params, grad_clip)
+            if not result.stepped:
+                # A finite loss can still have an inf/NaN gradient; one such step would poison the
+                # weights and the optimizer moments for good, so it is skipped like a NaN loss
+                # (fp16 overflows are the loss scaler's business: skipped, counted apart).
+                optimizer.zero_grad(set_to_none=True)
+                if result.overflow:
+                    overflows += 1
+                else:
+                    skipped += 1
+                    trailing += 1
+                continue
             scheduler.step()
             steps += 1
             trailing = 0
             for key in ("loss", "clip_fraction", "kl_ref", "approx_kl_old"):
-                totals[key] += getattr(stats, key)
-            totals["grad_norm"] += float(grad_norm)
+                totals[key] += minibatch[key]
+            totals["grad_norm"] += result.grad_norm
     model.eval()
     # With every step skipped there is no loss to report: NaN says so in the metrics.
     mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}
     return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, updates=steps,
-                       trailing_skipped=trailing, **mean)
+                       trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows, **mean)
+
+
+def _accumulate_minibatch(model, forward, stepper, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs,
+                          advantages, ref_logprobs, weights, normalizer, **loss_kwargs) -> dict | None:
+    """Forward and backward over the minibatch ``idx`` in micro-batches of ``rows``, gradients
+    accumulated in the parameters. Returns the minibatch's loss and token-weighted statistics,
+    or None (gradients undefined) as soon as a micro-batch's loss is not finite."""
+    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0}
+    tokens = 0
+    for start in range(0, len(idx), rows):
+        micro = idx[start : start + rows]
+        logprobs, mb_mask, _ = forward.logprobs(model, [prompt_ids[i] for i in micro],
+                                                [completion_ids[i] for i in micro], pad_id, with_entropy=False)
+        T = logprobs.shape[1]  # the micro-batch's longest completion
+
+        def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[micro, :T].to(logprobs.device)
+
+        loss, stats = policy_loss(
+            logprobs, on_device(old_logprobs), on_device(advantages), mb_mask,
+            ref_logprobs=on_device(ref_logprobs), sampler_weights=on_device(weights), normalizer=normalizer,
+            **loss_kwargs,
+        )
+        if not torch.isfinite(loss):
+            return None
+        stepper.backward(loss)
+        n = int(mb_mask.sum())
+        tokens += n
+        totals["loss"] += float(loss.detach())  # already a share of the minibatch loss
+        for key in ("clip_fraction", "kl_ref", "approx_kl_old"):
+            totals[key] += getattr(stats, key) * n
+    for key in ("clip_fraction", "kl_ref", "approx_kl_old"):
+        totals[key] /= max(1, tokens)
+    return totals

@@ -78,3 +78,48 @@ def test_kl_term_added_to_loss():
                               loss_agg="token-mean", ref_logprobs=ref, kl_coef=0.1, kl_estimator="k1")
     assert float(loss) == pytest.approx(0.1 * math.log(2.0))
     assert stats.kl_ref == pytest.approx(math.log(2.0))
+
+
+def test_micro_batch_losses_sum_to_the_minibatch_loss():
+    from rredcot_cli.loss import loss_normalizer
+
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    for mode in ("token-mean", "seq-mean-token-mean", "constant"):
+        whole = aggregate(per_token, mask, mode, max_tokens=4)
+        norm = loss_normalizer(mask, mode, max_tokens=4)
+        parts = sum(aggregate(per_token[i : i + 1], mask[i : i + 1], mode, 4, normalizer=norm) for i in range(3))
+        assert float(parts) == pytest.approx(float(whole), abs=1e-6), mode
+    assert loss_normalizer(mask, "token-mean") == 6 and loss_normalizer(mask, "seq-mean-token-mean") == 3
+    assert loss_normalizer(mask, "constant", max_tokens=4) == 12
+
+
+def test_sampler_correction_weights_by_hand():
+    from rredcot_cli.loss import sampler_correction_weights
+
+    # log rho per token: row 0: log 3, log 0.5, padding; row 1: log 1.5, log 1.5
+    old = torch.log(torch.tensor([[0.6, 0.1, 0.9], [0.3, 0.3, 0.5]]))
+    sampler = torch.log(torch.tensor([[0.2, 0.2, 0.1], [0.2, 0.2, 0.5]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    w = lambda mode: sampler_correction_weights(old, sampler, mask, mode, cap=2.0)  # noqa: E731
+    assert torch.allclose(w("none"), mask.float())
+    assert torch.allclose(w("token_truncate"), torch.tensor([[2.0, 0.5, 0.0], [1.5, 1.5, 0.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, 0.5, 0.0], [1.5, 1.5, 0.0]]))
+    # sequence rho: row 0: 3 * 0.5 = 1.5; row 1: 1.5 * 1.5 = 2.25
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[1.5, 1.5, 0.0], [2.0, 2.0, 0.0]]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[1.5, 1.5, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="valid"):
+        w("tis")
+
+
+def test_sampler_weights_scale_the_policy_gradient_term_only():
+    old = torch.zeros(1, 2)
+    new = torch.zeros(1, 2, requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0]])
+    ref = torch.full((1, 2), -0.5)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    weights = torch.tensor([[2.0, 0.5]])
+    loss, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                          ref_logprobs=ref, kl_coef=0.1, kl_estimator="k1", sampler_weights=weights)
+    # ratio 1: pg term -A_t * w_t, KL (k1) = new - ref = 0.5 unweighted
+    assert float(loss.detach()) == pytest.approx((-(1.0 * 2.0) + (2.0 * 0.5) + 2 * 0.1 * 0.5) / 2, abs=1e-6)

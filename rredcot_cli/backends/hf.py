@@ -1,14 +1,6 @@
 """The transformers backend: batched ``model.generate`` with per-token log-probs, and
-teacher-forced scoring. Runs on CPU (the embedded model) or on one GPU.
-
-Sequence layout used for scoring and for the policy gradient (one row per completion)::
-
-    [pad ... pad | prompt tokens | completion tokens | pad ... pad]
-     <-- left padded to P -------> <-- right padded to T -------->
-
-so every completion starts at column P and its log-probs are a plain slice of the logits.
-Position ids count real tokens only (``cumsum(attention_mask) - 1``), so a row gives the same
-log-probs whatever it is batched with.
+teacher-forced scoring (``rredcot_cli.logprobs``, which also documents the sequence layout).
+Runs on CPU (the embedded model) or on one GPU.
 """
 
 from __future__ import annotations
@@ -17,80 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from rredcot_cli.backends.base import Completion, SamplingParams
-
-
-# ------------------------------------------------------------------------------------------
-# Teacher forcing
-# ------------------------------------------------------------------------------------------
-
-
-def pack_prompt_completion(
-    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Pack rows as ``[left pad | prompt | completion | right pad]``.
-
-    Returns ``input_ids`` (B, P+T) int64, ``attention_mask`` (B, P+T) int64,
-    ``completion_mask`` (B, T) bool (True on real completion tokens) and ``P``.
-    """
-    if len(prompt_ids) != len(completion_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    batch = len(prompt_ids)
-    width_p = max((len(p) for p in prompt_ids), default=0)
-    width_t = max((len(c) for c in completion_ids), default=0)
-    input_ids = torch.full((batch, width_p + width_t), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width_p + width_t), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width_t), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        start = width_p - len(p)
-        input_ids[i, start:width_p] = torch.tensor(p, dtype=torch.long)
-        input_ids[i, width_p : width_p + len(c)] = torch.tensor(c, dtype=torch.long)
-        attention_mask[i, start : width_p + len(c)] = 1
-        completion_mask[i, : len(c)] = True
-    return input_ids, attention_mask, completion_mask, width_p
-
-
-def completion_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    completion_ids: list[list[int]],
-    pad_id: int,
-    with_entropy: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced log-probs (temperature 1) of each completion token given its prompt.
-
-    Differentiable: call it under ``torch.no_grad()`` when no gradient is wanted. Every prompt
-    must have at least one token.
-
-    Returns ``logprobs`` (B, T) float32, ``mask`` (B, T) bool and ``entropies`` (B, T) float32
-    (entropy of the full next-token distribution; None unless ``with_entropy``), where
-    T = the longest completion; padding positions hold 0.
-    """
-    if any(len(p) == 0 for p in prompt_ids):
-        raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
-    device = next(model.parameters()).device
-    input_ids, attention_mask, mask, width_p = pack_prompt_completion(prompt_ids, completion_ids, pad_id)
-    batch, width_t = mask.shape
-    if width_t == 0:
-        empty = torch.zeros((batch, 0), dtype=torch.float32, device=device)
-        return empty, mask.to(device), (empty.clone() if with_entropy else None)
-    input_ids, attention_mask, mask = input_ids.to(device), attention_mask.to(device), mask.to(device)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    # Logits at columns P-1 .. P+T-1; the one at P+T-1 predicts past the end and is dropped.
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=width_t + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :].float()  # (B, T, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    targets = input_ids[:, width_p:]  # (B, T)
-    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-    entropies = None
-    if with_entropy:
-        entropies = -(logp_all.exp() * logp_all).sum(-1) * mask
-    return logprobs, mask, entropies
+from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,6 +165,9 @@ class HFBackend:
                     if ent is not None:
                         all_ent.append(ent[i, : len(c)].clone())
         return all_lp, (all_ent if with_entropy else None)
+
+    def sleep(self) -> None:
+        """Nothing to free: generation holds no memory between calls (the KV cache is per call)."""
 
     def sync_weights(self, model) -> None:
         """In-process: generation simply uses ``model`` from now on."""

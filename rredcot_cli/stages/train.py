@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import random
 import re
 import shutil
@@ -28,8 +29,9 @@ import torch
 from omegaconf import DictConfig
 from rich.table import Table
 
-from rredcot_cli import artifacts, runs
+from rredcot_cli import artifacts, runs, trainable
 from rredcot_cli.errors import TrainingError
+from rredcot_cli.precision import GradientStepper, dtype_of, resolve_precision
 from rredcot_cli.rollout import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.stages.common import (
@@ -43,12 +45,14 @@ from rredcot_cli.stages.common import (
     seed_everything,
     segmenter_and_kwargs,
 )
-from rredcot_cli.update import UpdateStats, lr_lambda, policy_update
+from rredcot_cli.update import ForwardPass, UpdateStats, lr_lambda, policy_update
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 # train.* keys that say how to run, not what to compute: left out of the config hash so that a
-# resumed run (or one with another divergence limit) is the same run.
-UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates")
+# resumed run (or one with another divergence limit, or with smaller micro-batches to fit in
+# memory) is the same run.
+UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "logprob_chunk_tokens",
+                       "gradient_checkpointing")
 STATE_FILE = "trainer_state.pt"
 STATE_FORMAT = 1
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
@@ -76,9 +80,16 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     eval_problems = benchmark.load(cfg.benchmark.eval_split, limit=t.eval_problems)
     if not train_problems:
         raise TrainingError(f"benchmark {benchmark.name}: split {cfg.benchmark.train_split!r} has no problems to train on")
+    precision = _precision(t.precision, cfg.model.dtype)
     policy = make_policy(cfg)
-    model, tokenizer = policy.model, policy.tokenizer
-    reference = _frozen_copy(model) if t.kl_coef else None  # the initial policy, also when resuming
+    model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing)
+    tokenizer = policy.tokenizer
+    autocast = functools.partial(precision.autocast, policy.device)
+    sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
+    forward = ForwardPass(temperature=s.temperature if sampled else 1.0, top_p=s.top_p if sampled else 1.0,
+                          chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=autocast)
+    stepper = GradientStepper(precision, policy.device)
+    reference = trainable.reference(model, precision) if t.kl_coef else None  # the initial policy, also when resuming
     segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
     segment_needs_entropy = needs_entropy(cfg.segment.name)
     collaborators = make_collaborators(cfg, spec, policy)
@@ -86,7 +97,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
     batch_size = t.prompts_per_step * s.n
     updates_total = t.steps * t.updates_per_batch * -(-batch_size // t.minibatch_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
     generator = torch.Generator().manual_seed(runs.derive_seed(cfg.seed, "minibatches"))
     ppc = prompts_per_call(cfg.backend.batch_size, s.n)
@@ -96,14 +107,16 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     def draw(step: int, problems: list, round_index: int) -> list[dict]:
         # Round 0 has the seed a step without dynamic sampling has, so the two share it.
         keys = ("train-sample", step) + ((round_index,) if round_index else ())
-        return sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
-                           temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(cfg.seed, *keys),
-                           prompts_per_call=ppc)
+        with autocast():
+            return sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
+                               temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(cfg.seed, *keys),
+                               prompts_per_call=ppc)
 
     def held_out_eval(step: int) -> tuple[list[dict], dict]:
-        return evaluate(policy, benchmark, eval_problems, n=t.eval_samples, ks=[1, t.eval_samples],
-                        max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                        seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}")
+        with autocast():
+            return evaluate(policy, benchmark, eval_problems, n=t.eval_samples, ks=[1, t.eval_samples],
+                            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                            seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}")
 
     started = time.perf_counter()
     if state is None:
@@ -112,7 +125,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         progress = {"step": 0, "cursor": 0, "history": [], "tokens_seen": 0, "eval_before": eval_before,
                     "seconds": 0.0, "nonfinite_streak": 0, "skipped_updates": 0}
     else:
-        progress = _restore(state, model, optimizer, scheduler, generator, critic)
+        progress = _restore(state, model, optimizer, scheduler, generator, critic, stepper)
         progress.setdefault("cursor", progress["step"] * t.prompts_per_step)  # states written before the cursor
         policy.backend.sync_weights(model)
         eval_before = progress["eval_before"]
@@ -132,11 +145,13 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                                               max_rounds=t.max_sampling_rounds)
             stats, critic_stats = _NO_UPDATE, None
             if samples:
-                entropies = completion_entropies(policy, samples) if segment_needs_entropy else None
-                segments = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
-                                        **segment_kwargs)
-                batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None))
-                credit = attribute(spec, batch, params, collaborators)
+                with autocast():
+                    entropies = completion_entropies(policy, samples) if segment_needs_entropy else None
+                    segments = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
+                                            **segment_kwargs)
+                    batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None))
+                    credit = attribute(spec, batch, params, collaborators)
+                policy.backend.sleep()  # a vLLM engine frees its weights and KV cache until the sync
                 stats = policy_update(
                     model, optimizer, scheduler,
                     prompt_ids=batch.prompt_token_ids, completion_ids=batch.completion_token_ids,
@@ -144,6 +159,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                     reference=reference, updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
                     clip_low=t.clip_low, clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=s.max_new_tokens,
                     kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, grad_clip=t.grad_clip, generator=generator,
+                    forward=forward, stepper=stepper, sampler_logprobs=batch.old_logprobs,
+                    sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
                 )
                 policy.backend.sync_weights(model)
                 if critic is not None:
@@ -167,6 +184,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 "groups_trained": len({r["prompt_id"] for r in samples}) if t.dynamic_sampling else None,
                 "value_loss": critic_stats.value_loss if critic_stats else None,
                 "value_explained_variance": critic_stats.explained_variance if critic_stats else None,
+                "sampler_kl": None if math.isnan(stats.sampler_kl) else stats.sampler_kl,
+                "overflow_skipped": stats.overflow_skipped if stats is not _NO_UPDATE else None,
             }
             if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                 _, summary = held_out_eval(step)
@@ -185,13 +204,13 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                 seconds=progress["seconds"] + time.perf_counter() - started)
                 started = time.perf_counter()
                 _save_state(checkpoints / f"step-{step:06d}", model, tokenizer, optimizer, scheduler, generator,
-                            critic, progress, out.manifest["config_hash"])
+                            critic, stepper, progress, out.manifest["config_hash"])
             info = f"reward {row['reward_mean']:.2f}"
             if row["eval_accuracy"] is not None:
                 info += f"  eval {row['eval_accuracy']:.3f}"
             advance(1, info=info)
 
-    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final", critic)
+    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final", critic, dtype_of(cfg.model.dtype))
     eval_rows_after, eval_after = held_out_eval(t.steps)
     seconds = progress["seconds"] + time.perf_counter() - started
     metrics_path = artifacts.write_artifact("train_metrics", history, out.dir / "metrics.parquet")
@@ -240,10 +259,13 @@ def _stop_diverged(folder, history, step, streak, limit) -> None:
 # --------------------------------------------------------------------------- resumable state
 
 
-def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic, progress, config_hash) -> None:
-    """One checkpoint folder holding the weights (HF format) and ``trainer_state.pt``: the
-    optimizer, scheduler, RNG states, the critic (weights, optimizer, shuffler) if any, step, data
-    cursor and metrics so far. Written as a whole atomically, so a folder that exists is complete."""
+def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic, stepper, progress,
+                config_hash) -> None:
+    """One checkpoint folder holding the weights (HF format, in the training precision: float32
+    master weights under mixed precision, so a resume continues exactly) and
+    ``trainer_state.pt``: the optimizer, scheduler, fp16 loss scaler, RNG states, the critic
+    (weights, optimizer, shuffler) if any, step, data cursor and metrics so far. Written as a
+    whole atomically, so a folder that exists is complete."""
     state = {
         "format": STATE_FORMAT,
         "config_hash": config_hash,
@@ -253,6 +275,7 @@ def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic,
         "rng": _rng_states(),
         "progress": copy.deepcopy(progress),
         "critic": None if critic is None else critic.state_dict(),
+        "loss_scaler": stepper.state_dict(),
     }
     with runs.atomic_path(path) as tmp:
         model.save_pretrained(tmp)
@@ -281,7 +304,7 @@ def _latest_state(checkpoints, config_hash: str) -> dict | None:
     return None
 
 
-def _restore(state, model, optimizer, scheduler, generator, critic) -> dict:
+def _restore(state, model, optimizer, scheduler, generator, critic, stepper) -> dict:
     """Load the weights of ``state['path']`` and every saved state; returns the progress dict."""
     from safetensors.torch import load_file
 
@@ -292,6 +315,7 @@ def _restore(state, model, optimizer, scheduler, generator, critic) -> dict:
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"])
+    stepper.load_state_dict(state.get("loss_scaler"))
     _set_rng_states(state["rng"])
     if critic is not None:
         if state.get("critic") is None:
@@ -389,19 +413,18 @@ def _cycle(items: list, start: int, count: int) -> list:
     return [items[(start + i) % len(items)] for i in range(count)]
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    reference = copy.deepcopy(model).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
+def _precision(name: str, model_dtype: str):
+    try:
+        return resolve_precision(name, model_dtype)
+    except ValueError as e:
+        raise TrainingError(str(e)) from e
 
 
-def _save_checkpoint(model, tokenizer, path, critic=None):
-    """An HF model folder (weights + tokenizer, and ``critic.pt`` for a method with a critic),
-    written atomically."""
+def _save_checkpoint(model, tokenizer, path, critic, dtype):
+    """A plain HF model folder in ``dtype`` (weights + tokenizer, and ``critic.pt`` for a method
+    with a critic), written atomically."""
     with runs.atomic_path(path) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        trainable.export_checkpoint(model, tokenizer, tmp, dtype)
         if critic is not None:
             critic.save_weights(tmp / "critic.pt")
     return path

@@ -1,0 +1,197 @@
+"""Teacher-forced log-probs of completion tokens: the one function the trainer, the scorers and
+the HF backend share.
+
+Sequence layout (one row per completion)::
+
+    [pad ... pad | prompt tokens | completion tokens | pad ... pad]
+     <-- left padded to P -------> <-- right padded to T -------->
+
+so every completion starts at column P and its log-probs are a plain slice of the logits.
+Position ids count real tokens only (``cumsum(attention_mask) - 1``), so a row gives the same
+log-probs whatever it is batched with.
+
+Two things matter at real-model scale and are handled here:
+
+* **The distribution that sampled.** With ``temperature`` and ``top_p`` the log-prob of a token is
+  taken under ``softmax(logits / temperature)`` restricted to the top-p nucleus, the distribution
+  the sampler drew it from (vLLM's ``processed_logprobs``, transformers' warpers), so the PPO
+  ratio compares like with like (TRL issue #4159 is what happens otherwise). The nucleus is
+  computed without gradient, as both samplers do; the sampled token is always kept in it, so a
+  token that a sampler with slightly different numerics put just inside the nucleus does not get
+  log-prob -inf here.
+* **Memory.** A vocabulary of 150k tokens makes ``(B, T, V)`` fp32 logits the largest tensor of
+  an update (4k tokens x 152k x 4 bytes = 2.5 GB per sequence, twice over for log_softmax).
+  With ``chunk_tokens`` the decoder body runs once and the LM head, softmax and gather run over
+  ``chunk_tokens`` completion positions at a time; under autograd each chunk is checkpointed, so
+  backward recomputes that chunk's logits instead of keeping all of them. Only real completion
+  positions are computed (padding is skipped). Models whose logits are not a plain ``lm_head``
+  of the last hidden state (final-logit soft-capping, logit scaling) fall back to one full pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# Config attributes of architectures whose logits are more than lm_head(hidden): soft-capping
+# (Gemma 2/3), a logit scale (Cohere) or divisor (Granite). These take the unchunked path.
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def pack_prompt_completion(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Pack rows as ``[left pad | prompt | completion | right pad]``.
+
+    Returns ``input_ids`` (B, P+T) int64, ``attention_mask`` (B, P+T) int64,
+    ``completion_mask`` (B, T) bool (True on real completion tokens) and ``P``.
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    batch = len(prompt_ids)
+    width_p = max((len(p) for p in prompt_ids), default=0)
+    width_t = max((len(c) for c in completion_ids), default=0)
+    input_ids = torch.full((batch, width_p + width_t), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width_p + width_t), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width_t), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        start = width_p - len(p)
+        input_ids[i, start:width_p] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, width_p : width_p + len(c)] = torch.tensor(c, dtype=torch.long)
+        attention_mask[i, start : width_p + len(c)] = 1
+        completion_mask[i, : len(c)] = True
+    return input_ids, attention_mask, completion_mask, width_p
+
+
+def nucleus_logits(logits: torch.Tensor, top_p: float, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` (N, V) with every token outside the top-p nucleus set to -inf.
+
+    The nucleus is transformers' ``TopPLogitsWarper`` rule (vLLM's is the same): sort ascending,
+    drop tokens whose cumulative probability is <= 1 - top_p, always keep the most likely token.
+    ``keep`` (N,) token ids stay in the nucleus regardless (the sampled tokens). No gradient flows
+    through the choice of the nucleus, only through the kept logits."""
+    if top_p >= 1.0:
+        return logits
+    with torch.no_grad():
+        sorted_logits, order = logits.sort(dim=-1)
+        remove_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+        remove_sorted[:, -1] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        if keep is not None:
+            remove.scatter_(-1, keep[:, None], False)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``targets`` (N,) under the sampling distribution of ``logits`` (N, V).
+
+    Returns float32 ``logprobs`` (N,) and, when asked, the entropies (N,) of the same distribution
+    (no gradient: entropy is a diagnostic and a segmentation signal here, never a loss term)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logits = nucleus_logits(logits, top_p, keep=targets)
+    logp = torch.log_softmax(logits, dim=-1)
+    logprobs = logp.gather(-1, targets[:, None]).squeeze(-1)
+    entropies = None
+    if with_entropy:
+        with torch.no_grad():
+            entropies = torch.special.entr(logp.exp()).sum(-1)  # entr(0) = 0 outside the nucleus
+    return logprobs, entropies
+
+
+def _splittable_head(model: torch.nn.Module):
+    """``(decoder body, lm_head)`` when the model's logits are exactly ``lm_head(last hidden)``."""
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, name, None) for name in _LOGIT_POSTPROCESSING):
+        return None
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if not callable(get_decoder) or not callable(get_head):
+        return None
+    try:
+        body, head = get_decoder(), get_head()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    if body is None or head is None or body is model:
+        return None
+    return body, head
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+    with_entropy: bool = True,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    chunk_tokens: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log-probs of each completion token given its prompt, under
+    ``softmax(logits / temperature)`` restricted to the top-p nucleus (defaults: the model's own
+    distribution).
+
+    Differentiable: call it under ``torch.no_grad()`` when no gradient is wanted. Every prompt
+    must have at least one token. ``chunk_tokens > 0`` runs the LM head over that many completion
+    positions at a time (see the module docstring); the result is the same up to float rounding.
+
+    Returns ``logprobs`` (B, T) float32, ``mask`` (B, T) bool and ``entropies`` (B, T) float32
+    (None unless ``with_entropy``), T = the longest completion; padding positions hold 0.
+    """
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature} (greedy has no distribution)")
+    device = next(model.parameters()).device
+    input_ids, attention_mask, mask, width_p = pack_prompt_completion(prompt_ids, completion_ids, pad_id)
+    batch, width_t = mask.shape
+    logprobs = torch.zeros((batch, width_t), dtype=torch.float32, device=device)
+    entropies = torch.zeros((batch, width_t), dtype=torch.float32, device=device) if with_entropy else None
+    mask = mask.to(device)
+    if width_t == 0:
+        return logprobs, mask, entropies
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    targets = input_ids[:, width_p:][mask]  # (N,) the real completion tokens, row-major
+    split = _splittable_head(model) if chunk_tokens > 0 else None
+    if split is None:
+        # Logits at columns P-1 .. P+T-1; the one at P+T-1 predicts past the end and is dropped.
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       logits_to_keep=width_t + 1, use_cache=False).logits[:, :-1, :]
+        flat_lp, flat_ent = token_logprobs(logits[mask], targets, temperature=temperature, top_p=top_p,
+                                           with_entropy=with_entropy)
+    else:
+        body, head = split
+        hidden = body(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                      position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state
+        hidden = hidden[:, width_p - 1 :][mask]  # (N, H): the states that predict completion tokens
+        flat_lp, flat_ent = _chunked_head_logprobs(head, hidden, targets, temperature, top_p, with_entropy,
+                                                   chunk_tokens)
+    logprobs = logprobs.masked_scatter(mask, flat_lp)
+    if with_entropy:
+        entropies = entropies.masked_scatter(mask, flat_ent)
+    return logprobs, mask, entropies
+
+
+def _chunked_head_logprobs(head, hidden, targets, temperature, top_p, with_entropy, chunk_tokens):
+    """``token_logprobs(head(hidden))`` ``chunk_tokens`` rows at a time; (N,) log-probs and
+    entropies (or None). Under autograd each chunk is checkpointed: only its hidden states are
+    kept for backward, its logits are recomputed there."""
+    def one_chunk(h: torch.Tensor, t: torch.Tensor):
+        return token_logprobs(head(h), t, temperature=temperature, top_p=top_p, with_entropy=with_entropy)
+
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    lps, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+        lp, ent = checkpoint(one_chunk, h, t, use_reentrant=False) if grad else one_chunk(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    flat_lp = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
+    flat_ent = (torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)) if with_entropy else None
+    return flat_lp, flat_ent
