@@ -23,6 +23,19 @@ class RunConfig:
 
 
 @dataclass
+class LoraConfig:
+    # Low-rank adapters through peft (Hu et al., 2021): rank r; 0 trains every weight. With r > 0
+    # only the adapters train (base weights frozen in model.dtype), the KL reference is the base
+    # with the adapters switched off (no copy), vLLM gets the merged weights after every update,
+    # and the final checkpoint is a merged plain HF folder plus the adapter in adapter/.
+    r: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    # Module names to adapt; ["all-linear"] is every linear layer but the LM head (peft's rule).
+    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny"
     # "embedded" is the tiny model shipped inside the package; anything else is an HF hub id or a
@@ -35,6 +48,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     # Prepend the tokenizer's chat template to prompts (real instruct models).
     chat_template: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

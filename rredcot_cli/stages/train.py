@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from rredcot_cli import artifacts, runs, trainable
@@ -82,14 +82,17 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         raise TrainingError(f"benchmark {benchmark.name}: split {cfg.benchmark.train_split!r} has no problems to train on")
     precision = _precision(t.precision, cfg.model.dtype)
     policy = make_policy(cfg)
-    model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing)
+    lora = trainable.LoraSettings(**OmegaConf.to_container(cfg.model.lora)) if cfg.model.lora.r > 0 else None
+    model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing, lora=lora)
+    policy.model = model  # methods score with the policy being trained (adapters included)
     tokenizer = policy.tokenizer
     autocast = functools.partial(precision.autocast, policy.device)
     sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
     forward = ForwardPass(temperature=s.temperature if sampled else 1.0, top_p=s.top_p if sampled else 1.0,
                           chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=autocast)
     stepper = GradientStepper(precision, policy.device)
-    reference = trainable.reference(model, precision) if t.kl_coef else None  # the initial policy, also when resuming
+    # The initial policy, also when resuming.
+    reference, reference_forward = trainable.reference(model, precision, forward) if t.kl_coef else (None, None)
     segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
     segment_needs_entropy = needs_entropy(cfg.segment.name)
     collaborators = make_collaborators(cfg, spec, policy)
@@ -159,7 +162,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                     reference=reference, updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
                     clip_low=t.clip_low, clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=s.max_new_tokens,
                     kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, grad_clip=t.grad_clip, generator=generator,
-                    forward=forward, stepper=stepper, sampler_logprobs=batch.old_logprobs,
+                    forward=forward, reference_forward=reference_forward, stepper=stepper,
+                    sampler_logprobs=batch.old_logprobs,
                     sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
                 )
                 policy.backend.sync_weights(model)
@@ -278,7 +282,7 @@ def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic,
         "loss_scaler": stepper.state_dict(),
     }
     with runs.atomic_path(path) as tmp:
-        model.save_pretrained(tmp)
+        trainable.save_trained_weights(model, tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
 
@@ -306,12 +310,10 @@ def _latest_state(checkpoints, config_hash: str) -> dict | None:
 
 def _restore(state, model, optimizer, scheduler, generator, critic, stepper) -> dict:
     """Load the weights of ``state['path']`` and every saved state; returns the progress dict."""
-    from safetensors.torch import load_file
-
-    weights = {}
-    for file in sorted(state["path"].glob("*.safetensors")):
-        weights.update(load_file(file))
-    _load_weights(model, weights, state["path"])
+    try:
+        trainable.load_trained_weights(model, state["path"])
+    except ValueError as e:
+        raise TrainingError(f"cannot resume from {state['path']}: {e}") from e
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"])
@@ -322,22 +324,6 @@ def _restore(state, model, optimizer, scheduler, generator, critic, stepper) -> 
             raise TrainingError(f"cannot resume from {state['path']}: it holds no critic state")
         critic.load_state_dict(state["critic"])
     return state["progress"]
-
-
-def _load_weights(model, weights: dict, where) -> None:
-    """``model.load_state_dict(weights)`` that accepts the tied parameters HF leaves out of a save
-    (e.g. lm_head sharing the embedding) and nothing else missing."""
-    device = next(model.parameters()).device
-    result = model.load_state_dict({k: v.to(device) for k, v in weights.items()}, strict=False)
-    loaded = set(weights)
-    groups: dict[int, set[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), set()).add(name)
-    tied_ok = {name for names in groups.values() if names & loaded for name in names}
-    missing = [k for k in result.missing_keys if k not in tied_ok]
-    if missing or result.unexpected_keys:
-        raise TrainingError(f"cannot resume from {where}: its weights do not fit the model "
-                            f"(missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})")
 
 
 def _rng_states() -> dict:
