@@ -405,3 +405,17 @@ def test_os_error_in_a_stage_is_one_line(monkeypatch, tmp_path):
 def test_error_kinds():
     # Both print as one `error:` line; a StorageError is still caught by `except OSError`.
     assert issubclass(TrainingError, RredcotError) and issubclass(StorageError, (RredcotError, OSError))
+
+
+@pytest.mark.parametrize("option,expected", [
+    ("train.precision=fp8", "train.precision=fp8: unknown; valid: auto, fp32, bf16-mixed, fp16-mixed, bf16-true"),
+    ("train.sampler_correction=tis", "train.sampler_correction=tis: unknown; valid: none, token_truncate"),
+    ("train.loss_agg=mean", "train.loss_agg=mean: unknown; valid: token-mean"),
+    ("train.micro_batch_size=-2", "train.micro_batch_size=-2: must be >= 0"),
+    ("train.sampler_correction_cap=0", "train.sampler_correction_cap=0.0: must be > 0"),
+])
+def test_bad_training_choices_fail_before_anything_is_written(tmp_path, option, expected):
+    code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", option)
+    assert code == 2
+    assert expected in one_error_line(stderr)
+    assert not (tmp_path / "run").exists()

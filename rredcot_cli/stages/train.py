@@ -64,6 +64,8 @@ _NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=f
 def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
     t, s = cfg.train, cfg.sampling
+    _check_options(t)
+    precision = _precision(t.precision, cfg.model.dtype)
     out = runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={}, keys=config_keys(spec), resume=t.resume)
     if out is None:
         return
@@ -80,7 +82,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     eval_problems = benchmark.load(cfg.benchmark.eval_split, limit=t.eval_problems)
     if not train_problems:
         raise TrainingError(f"benchmark {benchmark.name}: split {cfg.benchmark.train_split!r} has no problems to train on")
-    precision = _precision(t.precision, cfg.model.dtype)
     policy = make_policy(cfg)
     lora = trainable.LoraSettings(**OmegaConf.to_container(cfg.model.lora)) if cfg.model.lora.r > 0 else None
     model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing, lora=lora)
@@ -397,6 +398,22 @@ def _cycle(items: list, start: int, count: int) -> list:
     if not items:
         raise TrainingError("the training split is empty")
     return [items[(start + i) % len(items)] for i in range(count)]
+
+
+def _check_options(t) -> None:
+    """Refuse a misspelled or impossible train.* choice before any model is loaded."""
+    from rredcot_cli.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
+
+    choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
+               "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3")}
+    for key, valid in choices.items():
+        if t[key] not in valid:
+            raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
+    for key in ("micro_batch_size", "logprob_chunk_tokens"):
+        if t[key] < 0:
+            raise TrainingError(f"train.{key}={t[key]}: must be >= 0 (0 turns it off)")
+    if t.sampler_correction_cap <= 0:
+        raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: must be > 0")
 
 
 def _precision(name: str, model_dtype: str):
