@@ -1,4 +1,4 @@
-"""The generation/scoring contract. HF ``generate`` on CPU and vLLM on GPU give the same outputs."""
+"""The generation/scoring contract that the HF backend (``generate``) and the vLLM backend both keep."""
 
 from __future__ import annotations
 
@@ -44,5 +44,13 @@ class Backend(Protocol):
         a list of float32 tensors of shape (len(completion_ids[i]),); entropies of the full
         next-token distribution at the same positions when ``with_entropy``."""
 
+    def sleep(self) -> None:
+        """Free what generation holds until the next ``sync_weights``; no-op where nothing is held.
+
+        The trainer calls it just before a policy update (so a vLLM engine on the same GPU gives
+        its weights and KV cache back) and ``sync_weights`` right after; generating or scoring
+        in between is an error where the backend really slept."""
+
     def sync_weights(self, model: object) -> None:
-        """Make generation use the weights of ``model`` (the policy being trained)."""
+        """Make generation use the weights of ``model`` (the policy being trained), waking the
+        backend first if ``sleep`` put it to sleep."""
