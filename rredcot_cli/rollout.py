@@ -47,18 +47,27 @@ def load_policy(
     backend: str,
     device: str,
     batch_size: int,
-    gpu_memory_utilization: float,
-    tensor_parallel_size: int,
-    enforce_eager: bool,
     seed: int,
+    gpu_memory_utilization: float = 0.5,
+    tensor_parallel_size: int = 1,
+    enforce_eager: bool = False,
+    kv_cache_gb: float | None = None,
+    max_model_len: int | None = None,
+    sleep_mode: Any = "auto",
 ) -> Policy:
     """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
     generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
-    gets trained and scored, and its weights are pushed to vLLM after every update."""
+    gets trained and scored, and its weights are pushed to vLLM after every update. The
+    ``gpu_memory_utilization`` .. ``sleep_mode`` arguments are vLLM's (``BackendConfig``)."""
     from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
 
     from rredcot_cli.errors import RredcotError
 
+    if backend not in ("hf", "vllm"):
+        raise RredcotError(f"unknown backend {backend!r}; valid: hf, vllm")
+    if backend == "hf" and batch_size < 1:
+        raise RredcotError(f"backend.batch_size={batch_size}: the hf backend needs at least 1 sequence per "
+                           "generate call (0, all prompts in one call, is for backend=vllm)")
     device = resolve_device(device)
     path = resolve_model_path(model_path)
     try:
@@ -71,20 +80,23 @@ def load_policy(
         from rredcot_cli.backends.hf import HFBackend
 
         engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device)
-    elif backend == "vllm":
+    else:
         from rredcot_cli.backends.vllm import VLLMBackend
 
         engine = VLLMBackend(
-            path,
+            str(path),
+            tokenizer=tokenizer,
             dtype=dtype,
+            device=device,
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
             seed=seed,
             trust_remote_code=trust_remote_code,
+            kv_cache_gb=kv_cache_gb,
+            max_model_len=max_model_len,
+            sleep_mode=sleep_mode,
         )
-    else:
-        raise ValueError(f"unknown backend {backend!r}; valid: hf, vllm")
     return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
 
 

