@@ -52,7 +52,10 @@ class Precision:
         if self.compute_dtype is None:
             return nullcontext()
         device_type = torch.device(device).type
-        return torch.autocast(device_type=device_type, dtype=self.compute_dtype)
+        # No weight cache: with it, autocast keeps a low-precision copy of every weight alive for
+        # the whole forward (2 bytes per parameter, docs/memory.md finding 3), and each weight is
+        # used once per forward anyway, so the cache saves no casts.
+        return torch.autocast(device_type=device_type, dtype=self.compute_dtype, cache_enabled=False)
 
 
 def resolve_precision(name: str, model_dtype: str) -> Precision:
@@ -117,6 +120,17 @@ class GradientStepper:
     def load_state_dict(self, state: dict | None) -> None:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
+
+
+def make_optimizer(model: torch.nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
+                   device: str | torch.device) -> torch.optim.AdamW:
+    """AdamW over the trainable weights. On CUDA the fused kernel: the default multi-tensor one
+    copies every second moment during the step (+4 bytes per parameter at the peak, 28 GiB for a
+    7B model; docs/memory.md finding 2). On CPU the default, whose numbers the embedded runs and
+    their documented results were made with."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, **({"fused": True} if fused else {}))
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -207,6 +207,9 @@ def policy_update(
             for key in ("loss", "clip_fraction", "kl_ref", "approx_kl_old"):
                 totals[key] += minibatch[key]
             totals["grad_norm"] += result.grad_norm
+    # Gradients are not needed until the next update: free them now rather than carrying 4 bytes
+    # per trained weight through sampling and the next pre-pass (docs/memory.md, finding 1).
+    optimizer.zero_grad(set_to_none=True)
     model.eval()
     # With every step skipped there is no loss to report: NaN says so in the metrics.
     mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}

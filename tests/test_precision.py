@@ -139,7 +139,8 @@ def test_precision_names():
 def test_reference_is_frozen_in_the_compute_dtype(base_model):
     model = trainable.prepare(copy.deepcopy(base_model), resolve_precision("bf16-mixed", "bfloat16"),
                               gradient_checkpointing=True)
-    ref = trainable.reference(model, resolve_precision("bf16-mixed", "bfloat16"))
+    ref, ref_forward = trainable.reference(model, resolve_precision("bf16-mixed", "bfloat16"), ForwardPass())
+    assert ref_forward == ForwardPass()
     assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
     assert not any(p.requires_grad for p in ref.parameters())
     assert trainable.checkpointing_active(model) and not trainable.checkpointing_active(ref)
@@ -158,3 +159,10 @@ def test_checkpoint_comes_out_in_the_model_dtype_with_tied_weights(base_model, t
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
     for name, p in loaded.state_dict().items():
         assert torch.equal(p, model.state_dict()[name].to(torch.bfloat16)), name
+
+
+def test_gradients_are_freed_after_an_update(base_model):
+    """They are not needed until the next update; kept, they cost 4 bytes per weight through sampling."""
+    model = copy.deepcopy(base_model)
+    _update(model)
+    assert all(p.grad is None for p in model.parameters())

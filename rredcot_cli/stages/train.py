@@ -31,7 +31,7 @@ from rich.table import Table
 
 from rredcot_cli import artifacts, runs, trainable
 from rredcot_cli.errors import TrainingError
-from rredcot_cli.precision import GradientStepper, dtype_of, resolve_precision
+from rredcot_cli.precision import GradientStepper, dtype_of, make_optimizer, resolve_precision
 from rredcot_cli.rollout import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.stages.common import (
@@ -101,7 +101,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
     batch_size = t.prompts_per_step * s.n
     updates_total = t.steps * t.updates_per_batch * -(-batch_size // t.minibatch_size)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    optimizer = make_optimizer(model, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+                               device=policy.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
     generator = torch.Generator().manual_seed(runs.derive_seed(cfg.seed, "minibatches"))
     ppc = prompts_per_call(cfg.backend.batch_size, s.n)
