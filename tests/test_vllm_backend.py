@@ -506,6 +506,49 @@ def test_real_sync_weights_from_files_for_an_engine_in_another_process(hf_model,
 
 
 @pytest.mark.vllm
+def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
+    """Two policy updates of a LoRA policy, each followed by sleep + sync as the train loop does:
+    after every sync the engine scores as the adapter model (adapters merged out of place), and
+    the live policy keeps its unmerged adapters."""
+    pytest.importorskip("peft")
+    from rredcot_cli import trainable
+    from rredcot_cli.backends.hf import HFBackend
+    from rredcot_cli.precision import GradientStepper, resolve_precision
+    from rredcot_cli.update import ForwardPass, policy_update
+
+    hf, vb = engine
+    torch.manual_seed(0)
+    fp32 = resolve_precision("fp32", "float32")
+    policy = trainable.prepare(copy.deepcopy(hf.model), fp32, gradient_checkpointing=False,
+                               lora=trainable.LoraSettings(r=4, alpha=8.0, dropout=0.0, target_modules=("all-linear",)))
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    try:
+        for step in range(2):
+            groups = vb.generate(prompts, SamplingParams(n=2, max_new_tokens=24), seed=step)
+            p_rows, c_rows = _rows(prompts, groups)
+            advantages = torch.zeros(len(c_rows), max(len(c) for c in c_rows))
+            for i, c in enumerate(c_rows):
+                advantages[i, : len(c)] = 1.0 if i % 2 else -1.0
+            before, _ = vb.score(p_rows, c_rows)
+            vb.sleep()
+            policy_update(policy, optimizer, scheduler, prompt_ids=p_rows, completion_ids=c_rows,
+                          advantages=advantages, pad_id=0, reference=None, updates_per_batch=2, minibatch_size=3,
+                          clip_low=0.2, clip_high=0.2, loss_agg="token-mean", max_tokens=24, kl_coef=0.0,
+                          kl_estimator="k3", grad_clip=1.0, generator=torch.Generator().manual_seed(step),
+                          forward=ForwardPass(), stepper=GradientStepper(fp32))
+            vb.sync_weights(policy)
+            after, _ = vb.score(p_rows, c_rows)
+            target, _ = HFBackend(policy, hf.tokenizer).score(p_rows, c_rows)
+            print(f"LoRA step {step}: engine scores moved {_max_diff(before, after):.3g}, "
+                  f"match the adapter policy to {_max_diff(after, target):.2g}")
+            assert _max_diff(before, after) > 1e-3 and _max_diff(after, target) < SYNC_DIFF
+        assert any("lora_B" in n and p.abs().sum() > 0 for n, p in policy.named_parameters())
+    finally:
+        vb.sync_weights(hf.model)  # the module's engine goes back to the embedded weights
+
+
+@pytest.mark.vllm
 def test_real_cli_train_with_vllm(tmp_path, hf_model):
     """A 2-step ``rredcot train backend=vllm experiment=quick`` on CPU finishes and writes metrics."""
     import pyarrow.parquet as pq
