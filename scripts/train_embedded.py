@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from rredcot_cli.backends.base import SamplingParams  # noqa: E402
 from rredcot_cli.backends.hf import HFBackend  # noqa: E402
+from rredcot_cli.rollout import encode_prompt  # noqa: E402
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark  # noqa: E402
 from rredcot_cli.models import count_parameters, load_model_and_tokenizer  # noqa: E402
 from rredcot_cli.sft import train_sft  # noqa: E402
@@ -49,7 +50,7 @@ def pass_at_1(model, tokenizer, bench: ChainBenchmark, num_problems: int, sample
     backend = HFBackend(model, tokenizer, batch_size=batch_size)
     problems = bench.load("test", num_problems)
     params = SamplingParams(n=samples, max_new_tokens=max_new_tokens_for(bench.max_steps), temperature=temperature)
-    groups = backend.generate([bench.prompt(p) for p in problems], params, seed=seed)
+    groups = backend.generate([encode_prompt(tokenizer, bench.prompt(p), False) for p in problems], params, seed=seed)
     rewards = [bench.verify(c.text, p) for p, g in zip(problems, groups) for c in g]
     steps_ok = [bench.first_wrong_step(c.text, p) is None for p, g in zip(problems, groups) for c in g]
     return {"pass@1": sum(rewards) / len(rewards), "all_steps_right": sum(steps_ok) / len(steps_ok),
@@ -72,7 +73,7 @@ def generation_speed(model, tokenizer, seed: int = 0) -> dict:
     """Completions/s for 64 sampled completions of ~100-token chains (16 steps), batch 64."""
     bench = ChainBenchmark(16, 16)
     backend = HFBackend(model, tokenizer, batch_size=64)
-    prompts = [bench.prompt(p) for p in bench.load("test", 64)]
+    prompts = [encode_prompt(tokenizer, bench.prompt(p), False) for p in bench.load("test", 64)]
     params = SamplingParams(n=1, max_new_tokens=110, temperature=1.0)
     backend.generate(prompts[:8], params, seed=seed)  # warm-up
     start = time.perf_counter()
