@@ -60,7 +60,9 @@ def _with_lora(model: torch.nn.Module, precision: Precision, lora: LoraSettings)
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
-        raise ImportError("model.lora.r > 0 needs peft: pip install -e '.[lora]'") from e
+        from rredcot_cli.errors import RredcotError
+
+        raise RredcotError("model.lora.r > 0 needs peft: pip install -e '.[lora]'") from e
     model.to(precision.compute_dtype or precision.param_dtype)
     targets = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
