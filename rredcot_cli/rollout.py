@@ -133,17 +133,21 @@ def sample_rows(
     seed: int,
     prompts_per_call: int,
     on_progress: Callable[[int], None] | None = None,
+    map_chunks: Callable[[Callable[[int, list], list], list], list[list]] | None = None,
 ) -> list[dict]:
     """G=n completions per problem, verified; one row per completion in the samples schema.
 
     Problems are generated in chunks of ``prompts_per_call`` with seeds derived from ``seed`` and
-    the chunk index, so results do not depend on how often the progress bar refreshes."""
+    the chunk index, so results do not depend on how often the progress bar refreshes, nor on
+    which process generates a chunk: ``map_chunks(fn, chunks)`` (default: in order, here) returns
+    ``[fn(i, chunk) ...]``; ``DataParallel.map_chunks`` spreads the chunks over ranks."""
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    rows: list[dict] = []
-    for chunk_index, chunk in chunks(problems, prompts_per_call):
+
+    def sample_chunk(chunk_index: int, chunk: list[Problem]) -> list[dict]:
         prompts = [format_prompt(policy.tokenizer, benchmark.prompt(p), policy.chat_template) for p in chunk]
         prompt_ids = [encode_prompt(policy.tokenizer, text, policy.chat_template) for text in prompts]
         groups = policy.backend.generate(prompt_ids, params, seed=derive_seed(seed, "generate", chunk_index))
+        rows: list[dict] = []
         for problem, prompt, ids, completions in zip(chunk, prompts, prompt_ids, groups):
             for sample_idx, completion in enumerate(completions):
                 reward = benchmark.verify(completion.text, problem)
@@ -168,7 +172,11 @@ def sample_rows(
                 )
         if on_progress is not None:
             on_progress(len(chunk))
-    return rows
+        return rows
+
+    chunked = [chunk for _, chunk in chunks(problems, prompts_per_call)]
+    per_chunk = map_chunks(sample_chunk, chunked) if map_chunks else [sample_chunk(i, c) for i, c in enumerate(chunked)]
+    return [row for rows in per_chunk for row in rows]
 
 
 def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 32) -> list[list[float]]:
@@ -329,13 +337,15 @@ def evaluate(
     prompts_per_call: int,
     model_name: str,
     on_progress: Callable[[int], None] | None = None,
+    map_chunks: Callable | None = None,
 ) -> tuple[list[dict], dict]:
     """Sample n completions per held-out problem; eval rows plus a summary (pass@1 as the mean
     over samples, unbiased pass@k, maj@k, and accuracy by chain length where known)."""
     from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
 
     samples = sample_rows(policy, benchmark, problems, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=seed, prompts_per_call=prompts_per_call, on_progress=on_progress)
+                          top_p=top_p, seed=seed, prompts_per_call=prompts_per_call, on_progress=on_progress,
+                          map_chunks=map_chunks)
     rows = eval_rows(samples, model_name)
     summary = summarize_eval(rows, [k for k in ks if k <= n])
     if any(r["steps"] is not None for r in rows):

@@ -192,6 +192,12 @@ class TrainConfig:
     # sequence_mask, with the cap below (rredcot_cli/loss.py, as TRL's vllm_importance_sampling_*).
     sampler_correction: str = "none"
     sampler_correction_cap: float = 2.0
+    # Under torchrun (world size > 1): ddp (DistributedDataParallel, the default) or fsdp2
+    # (fully_shard: weights, gradients and optimizer state sharded over ranks); see
+    # rredcot_cli/distributed.py. Ignored in one process. Not hashed (the same run either way).
+    parallel: str = "ddp"
+    # How long a collective waits for a rank that does not come before the run fails. Not hashed.
+    dist_timeout_s: float = 1800.0
 
 
 @dataclass

@@ -9,6 +9,7 @@ non-finite steps) is a ``precision.GradientStepper``.
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from rredcot_cli.distributed import DataParallel, is_logprob_root
 from rredcot_cli.logprobs import completion_logprobs
 from rredcot_cli.loss import loss_normalizer, policy_loss, sampler_correction_weights
 from rredcot_cli.precision import GradientStepper, Precision
@@ -57,10 +59,13 @@ class ForwardPass:
     autocast: Callable[[], ContextManager] = field(default=nullcontext)
 
     def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
-        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's device."""
+        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's
+        device. ``model`` is an HF model or a data-parallel ``CompletionLogprobs`` root
+        (``distributed.py``), which is called so that its hooks run."""
+        score = model if is_logprob_root(model) else functools.partial(completion_logprobs, model)
         with self.autocast():
-            return completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy,
-                                       temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
+            return score(prompt_ids, completion_ids, pad_id, with_entropy,
+                         temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
 
     def rows_per_pass(self, minibatch_size: int) -> int:
         return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
@@ -93,22 +98,30 @@ def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_e
 
 @torch.no_grad()
 def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size,
-                                forward: ForwardPass = ForwardPass()):
+                                forward: ForwardPass = ForwardPass(), parallel: DataParallel = DataParallel()):
     """Like ``padded_completion_logprobs`` without gradients, ``chunk_size`` sequences at a time
-    so a large batch does not hold every sequence's activations at once. CPU float32 tensors."""
+    so a large batch does not hold every sequence's activations at once. CPU float32 tensors.
+
+    With ``parallel`` each rank scores its share of the rows, making as many passes as every
+    other rank (sharded weights need all ranks in every pass), and the results are all-gathered."""
     B = len(completion_ids)
     T = max((len(c) for c in completion_ids), default=0)
-    logprobs = torch.zeros(B, T)
-    mask = torch.zeros(B, T, dtype=torch.bool)
-    entropies = torch.zeros(B, T)
-    for start in range(0, B, chunk_size):
-        end = min(B, start + chunk_size)
-        lp, m, ent = forward.logprobs(model, prompt_ids[start:end], completion_ids[start:end], pad_id, True)
-        t = lp.shape[1]
-        logprobs[start:end, :t] = lp.float().cpu()
-        mask[start:end, :t] = m.cpu()
-        entropies[start:end, :t] = ent.float().cpu()
-    return logprobs, mask, entropies
+    rows = parallel.share(range(B))
+    logprobs = torch.zeros(len(rows), T)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    entropies = torch.zeros(len(rows), T)
+    for k in range(parallel.passes(B, chunk_size)):
+        chunk = rows[k * chunk_size : (k + 1) * chunk_size]
+        picked = chunk or [0]  # a rank out of rows still takes part in the pass
+        lp, m, ent = forward.logprobs(model, [prompt_ids[i] for i in picked], [completion_ids[i] for i in picked],
+                                      pad_id, True)
+        if not chunk:
+            continue
+        t, start = lp.shape[1], k * chunk_size
+        logprobs[start : start + len(chunk), :t] = lp.float().cpu()
+        mask[start : start + len(chunk), :t] = m.cpu()
+        entropies[start : start + len(chunk), :t] = ent.float().cpu()
+    return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)
 
 
 def policy_update(
@@ -137,6 +150,7 @@ def policy_update(
     sampler_correction: str = "none",
     sampler_cap: float = 2.0,
     reference_forward: ForwardPass | None = None,
+    parallel: DataParallel = DataParallel(),
 ) -> UpdateStats:
     """``updates_per_batch`` passes over the batch in shuffled minibatches.
 
@@ -151,17 +165,22 @@ def policy_update(
     pass over the minibatch. A minibatch whose loss or gradient norm is not finite changes nothing
     (no optimizer or scheduler step); ``skipped`` and ``trailing_skipped`` count them so the caller
     can stop a run that diverged. ``reference_forward`` runs the reference model (default:
-    ``forward``; a reference held in the low dtype needs no autocast)."""
+    ``forward``; a reference held in the low dtype needs no autocast).
+
+    With ``parallel`` (world size W > 1) ``model`` is the data-parallel root (``distributed.py``):
+    each rank runs its share of every minibatch, all ranks in the same order, and every loss is
+    normalised by the whole minibatch's count; the statistics returned are those of all ranks."""
     B = len(completion_ids)
     stepper = stepper or GradientStepper(Precision("fp32", torch.float32, None))
     rows = forward.rows_per_pass(minibatch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
-    old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows, forward)
+    old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows, forward,
+                                                                parallel)
     ref_logprobs = None
     if reference is not None and kl_coef != 0.0:
         ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
-                                                         reference_forward or forward)
+                                                         reference_forward or forward, parallel)
     entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1))
     sampler_kl = float("nan")
     weights = None
@@ -178,12 +197,14 @@ def policy_update(
         order = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, minibatch_size):
             idx = order[start : start + minibatch_size]
-            normalizer = loss_normalizer(mask[idx], loss_agg, max_tokens)
+            # The whole minibatch's count, shared by the ranks; times W because DDP and FSDP2
+            # average the ranks' gradients where the minibatch loss needs their sum.
+            normalizer = loss_normalizer(mask[idx], loss_agg, max_tokens) / parallel.world_size
             optimizer.zero_grad(set_to_none=True)
             minibatch = _accumulate_minibatch(
-                model, forward, stepper, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs, advantages,
-                ref_logprobs, weights, normalizer, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg,
-                max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator)
+                model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs,
+                advantages, ref_logprobs, weights, normalizer, clip_low=clip_low, clip_high=clip_high,
+                loss_agg=loss_agg, max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator)
             if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -217,35 +238,50 @@ def policy_update(
                        trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows, **mean)
 
 
-def _accumulate_minibatch(model, forward, stepper, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs,
-                          advantages, ref_logprobs, weights, normalizer, **loss_kwargs) -> dict | None:
-    """Forward and backward over the minibatch ``idx`` in micro-batches of ``rows``, gradients
-    accumulated in the parameters. Returns the minibatch's loss and token-weighted statistics,
-    or None (gradients undefined) as soon as a micro-batch's loss is not finite."""
-    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0}
-    tokens = 0
-    for start in range(0, len(idx), rows):
-        micro = idx[start : start + rows]
-        logprobs, mb_mask, _ = forward.logprobs(model, [prompt_ids[i] for i in micro],
-                                                [completion_ids[i] for i in micro], pad_id, with_entropy=False)
-        T = logprobs.shape[1]  # the micro-batch's longest completion
+def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id,
+                          old_logprobs, advantages, ref_logprobs, weights, normalizer, **loss_kwargs) -> dict | None:
+    """Forward and backward over this rank's share of the minibatch ``idx`` in micro-batches of
+    ``rows``, gradients accumulated in the parameters (and synchronised over ranks in the last
+    one). Returns the minibatch's loss and token-weighted statistics over all ranks, or None
+    (gradients undefined) when any micro-batch's loss on any rank was not finite."""
+    mine = parallel.share(idx)
+    passes = parallel.passes(len(idx), rows)
+    # loss, clip_fraction, kl_ref and approx_kl_old (token-weighted), tokens, non-finite losses
+    sums = [0.0] * 6
+    for k in range(passes):
+        micro = mine[k * rows : (k + 1) * rows]
+        weight = 1.0 if micro else 0.0  # a rank out of rows takes part with a zero-weighted pass
+        micro = micro or idx[:1]
+        with parallel.accumulating(model, last=k == passes - 1):
+            logprobs, mb_mask, _ = forward.logprobs(model, [prompt_ids[i] for i in micro],
+                                                    [completion_ids[i] for i in micro], pad_id, with_entropy=False)
+            T = logprobs.shape[1]  # the micro-batch's longest completion
 
-        def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[micro, :T].to(logprobs.device)
+            def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[micro, :T].to(logprobs.device)
 
-        loss, stats = policy_loss(
-            logprobs, on_device(old_logprobs), on_device(advantages), mb_mask,
-            ref_logprobs=on_device(ref_logprobs), sampler_weights=on_device(weights), normalizer=normalizer,
-            **loss_kwargs,
-        )
-        if not torch.isfinite(loss):
-            return None
-        stepper.backward(loss)
+            loss, stats = policy_loss(
+                logprobs, on_device(old_logprobs), on_device(advantages), mb_mask,
+                ref_logprobs=on_device(ref_logprobs), sampler_weights=on_device(weights), normalizer=normalizer,
+                **loss_kwargs,
+            )
+            finite = bool(torch.isfinite(loss))
+            # A non-finite loss is still backpropagated (the other ranks' backward waits for this
+            # one); the step is skipped below, so what it leaves in the gradients is discarded.
+            stepper.backward(loss * weight)
+        if not weight:
+            continue
         n = int(mb_mask.sum())
-        tokens += n
-        totals["loss"] += float(loss.detach())  # already a share of the minibatch loss
-        for key in ("clip_fraction", "kl_ref", "approx_kl_old"):
-            totals[key] += getattr(stats, key) * n
-    for key in ("clip_fraction", "kl_ref", "approx_kl_old"):
-        totals[key] /= max(1, tokens)
-    return totals
+        sums[0] += float(loss.detach())  # already a share of the minibatch loss
+        sums[1] += stats.clip_fraction * n
+        sums[2] += stats.kl_ref * n
+        sums[3] += stats.approx_kl_old * n
+        sums[4] += n
+        sums[5] += not finite
+    loss_sum, clip, kl_ref, approx_kl, tokens, nonfinite = parallel.sum(sums)
+    if nonfinite:
+        return None
+    tokens = max(1.0, tokens)
+    # Each rank's loss was scaled by W (see the normaliser): the sum over ranks is W x the loss.
+    return {"loss": loss_sum / parallel.world_size, "clip_fraction": clip / tokens, "kl_ref": kl_ref / tokens,
+            "approx_kl_old": approx_kl / tokens}

@@ -18,6 +18,9 @@ class MethodSpec:
     fn: Callable  # fn(batch: CreditBatch, **params, **needs) -> Credit
     params: type  # dataclass of hyper-parameters with defaults; its fields are the config keys
     needs: tuple[str, ...] = ()  # injected collaborators, e.g. ("scorer",)
+    # The credit of a row depends on other groups of the batch (e.g. whitening over the batch),
+    # so data-parallel training computes it on the whole batch rather than per rank's groups.
+    batch_wide: bool = False
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
@@ -27,11 +30,11 @@ _REGISTRY: dict[str, MethodSpec] = {}
 _NOT_METHOD_MODULES = {"base"}
 
 
-def register(name: str, params: type, needs: tuple[str, ...] = ()) -> Callable:
+def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False) -> Callable:
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"credit method {name!r} is registered twice")
-        _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs)
+        _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide)
         return fn
 
     return decorator

@@ -110,7 +110,7 @@ def segment_values_and_credits(values: torch.Tensor, deltas: torch.Tensor, rewar
     return seg_values, credits
 
 
-@register("ppo", params=PPOParams, needs=("critic",))
+@register("ppo", params=PPOParams, needs=("critic",), batch_wide=True)  # whitening over the batch
 def ppo(batch: CreditBatch, *, critic, gamma: float, lam: float, whiten: bool, eps: float) -> Credit:
     """GAE advantages from ``critic.values(prompt_ids, completion_ids) -> (B, T)``; see the module
     docstring. Defaults of the keyword arguments live in ``PPOParams``."""

@@ -40,7 +40,7 @@ GROUPING_KEYS = ("model", "backend", "benchmark", "segment", "method", "sampling
 IGNORED_LEAVES = {"train.resume", "train.max_nonfinite_updates", "train.save_every", "backend.num_threads",
                   "benchmark.verify_timeout_s", "train.micro_batch_size", "train.logprob_chunk_tokens",
                   "train.gradient_checkpointing", "backend.kv_cache_gb", "backend.max_model_len",
-                  "backend.sleep_mode"}
+                  "backend.sleep_mode", "train.parallel", "train.dist_timeout_s"}
 TRAIN_FILES = ("manifest.json", "config.yaml", "summary.json", "metrics.parquet", "eval.parquet")
 # Credit-quality files: columns that identify rows rather than measure anything.
 ID_COLUMNS = {"prompt_id", "sample_idx", "segment_idx", "step", "seed"}

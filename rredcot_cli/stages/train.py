@@ -29,8 +29,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from rredcot_cli import artifacts, runs, trainable
+from rredcot_cli import artifacts, distributed, runs, trainable
 from rredcot_cli.errors import TrainingError
+from rredcot_cli.methods.base import Credit
 from rredcot_cli.precision import GradientStepper, dtype_of, make_optimizer, resolve_precision
 from rredcot_cli.rollout import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
 from rredcot_cli.segmenters import needs_entropy
@@ -52,9 +53,11 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 # resumed run (or one with another divergence limit, or with smaller micro-batches to fit in
 # memory) is the same run.
 UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "logprob_chunk_tokens",
-                       "gradient_checkpointing")
+                       "gradient_checkpointing", "parallel", "dist_timeout_s")
 STATE_FILE = "trainer_state.pt"
-STATE_FORMAT = 1
+# 2: the optimizer state is keyed by parameter names (distributed.DataParallel.optimizer_state),
+# so a checkpoint resumes in one process, under DDP or under FSDP2, at any world size.
+STATE_FORMAT = 2
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
 _NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=float("nan"),
                          approx_kl_old=float("nan"), entropy=float("nan"), grad_norm=float("nan"), lr=float("nan"),
@@ -66,15 +69,18 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     t, s = cfg.train, cfg.sampling
     _check_options(t)
     precision = _precision(t.precision, cfg.model.dtype)
-    out = runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={}, keys=config_keys(spec), resume=t.resume)
+    parallel = _data_parallel(t, cfg.backend.name, precision)
+    out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
+                                                    keys=config_keys(spec), resume=t.resume))
     if out is None:
         return
     checkpoints = out.dir / "checkpoints"
     state = _latest_state(checkpoints, out.manifest["config_hash"]) if t.resume else None
     if t.resume and state is None:
         console.print(f"train.resume=true: no resumable checkpoint in {checkpoints}; starting from step 0")
-    if state is None:
+    if state is None and parallel.is_main:
         _remove_step_checkpoints(checkpoints)  # they belong to the attempt this one replaces
+    parallel.barrier()
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
     draws_per_step = t.max_sampling_rounds if t.dynamic_sampling else 1
@@ -94,6 +100,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     stepper = GradientStepper(precision, policy.device)
     # The initial policy, also when resuming.
     reference, reference_forward = trainable.reference(model, precision, forward) if t.kl_coef else (None, None)
+    # One process: trained is model is plain. Under torchrun: the DDP/FSDP2 root the update runs,
+    # and the plain model that samples, scores and is saved (distributed.py).
+    trained, plain, reference = parallel.wrap(model, reference)
+    if plain is not model:  # FSDP2 sharded the model in place: sample from the full copy
+        policy.model = plain
+        policy.backend.sync_weights(plain)
     segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
     segment_needs_entropy = needs_entropy(cfg.segment.name)
     collaborators = make_collaborators(cfg, spec, policy)
@@ -101,11 +113,16 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
     batch_size = t.prompts_per_step * s.n
     updates_total = t.steps * t.updates_per_batch * -(-batch_size // t.minibatch_size)
-    optimizer = make_optimizer(model, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+    optimizer = make_optimizer(trained, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
                                device=policy.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
     generator = torch.Generator().manual_seed(runs.derive_seed(cfg.seed, "minibatches"))
     ppc = prompts_per_call(cfg.backend.batch_size, s.n)
+    if parallel.distributed and -(-t.prompts_per_step // ppc) < parallel.world_size:
+        console.print(f"[yellow]backend.batch_size={cfg.backend.batch_size} makes {-(-t.prompts_per_step // ppc)} "
+                      f"generate call(s) per step for {parallel.world_size} ranks: some ranks idle while sampling; "
+                      f"a smaller backend.batch_size spreads sampling over every rank (and changes the samples)"
+                      f"[/yellow]")
     if t.dynamic_sampling and t.max_sampling_rounds < 1:
         raise TrainingError(f"train.max_sampling_rounds={t.max_sampling_rounds}: dynamic sampling needs at least 1")
 
@@ -115,13 +132,33 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         with autocast():
             return sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
                                temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(cfg.seed, *keys),
-                               prompts_per_call=ppc)
+                               prompts_per_call=ppc, map_chunks=parallel.map_chunks)
+
+    answer_probe = getattr(benchmark, "ANSWER_PROBE", None)
+    # A method with a critic fits it on the whole batch, so its credit is computed on the whole batch.
+    batch_wide = spec.batch_wide or critic is not None
+
+    def assign_credit(samples: list[dict]):
+        """The step's credit batch and credit. Under torchrun each rank scores a share of the
+        groups and the token advantages are all-gathered (a batch-wide method scores them all)."""
+        mine = samples if batch_wide else parallel.groups_share(samples)
+        entropies = completion_entropies(policy, mine) if segment_needs_entropy and mine else None
+        segments = segment_rows(mine, tokenizer, segmenter, cfg.segment.name, entropies=entropies, **segment_kwargs)
+        batch = credit_batch(mine, segments, answer_probe=answer_probe)
+        credit = attribute(spec, batch, params, collaborators) if mine else None
+        if mine is samples:
+            return batch, credit
+        batch = credit_batch(samples, parallel.concat(segments), answer_probe=answer_probe)
+        mine_advantages = credit.token_advantages if credit is not None else torch.zeros(0, 0)
+        advantages = parallel.concat_rows(mine_advantages, batch.token_mask.shape[1])
+        return batch, Credit(token_advantages=advantages, segment_values=torch.empty(0), segment_credits=torch.empty(0))
 
     def held_out_eval(step: int) -> tuple[list[dict], dict]:
         with autocast():
             return evaluate(policy, benchmark, eval_problems, n=t.eval_samples, ks=[1, t.eval_samples],
                             max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                            seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}")
+                            seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}",
+                            map_chunks=parallel.map_chunks)
 
     started = time.perf_counter()
     if state is None:
@@ -130,9 +167,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         progress = {"step": 0, "cursor": 0, "history": [], "tokens_seen": 0, "eval_before": eval_before,
                     "seconds": 0.0, "nonfinite_streak": 0, "skipped_updates": 0}
     else:
-        progress = _restore(state, model, optimizer, scheduler, generator, critic, stepper)
+        progress = _restore(state, trained, plain, parallel, optimizer, scheduler, generator, critic, stepper)
         progress.setdefault("cursor", progress["step"] * t.prompts_per_step)  # states written before the cursor
-        policy.backend.sync_weights(model)
+        policy.backend.sync_weights(plain)
         eval_before = progress["eval_before"]
         console.print(f"resuming {out.dir} from step {progress['step']} of {t.steps} ({state['path']})")
     history: list[dict] = progress["history"]
@@ -151,14 +188,10 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             stats, critic_stats = _NO_UPDATE, None
             if samples:
                 with autocast():
-                    entropies = completion_entropies(policy, samples) if segment_needs_entropy else None
-                    segments = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
-                                            **segment_kwargs)
-                    batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None))
-                    credit = attribute(spec, batch, params, collaborators)
+                    batch, credit = assign_credit(samples)
                 policy.backend.sleep()  # a vLLM engine frees its weights and KV cache until the sync
                 stats = policy_update(
-                    model, optimizer, scheduler,
+                    trained, optimizer, scheduler,
                     prompt_ids=batch.prompt_token_ids, completion_ids=batch.completion_token_ids,
                     advantages=credit.token_advantages, pad_id=tokenizer.pad_token_id,
                     reference=reference, updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
@@ -167,8 +200,10 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                     forward=forward, reference_forward=reference_forward, stepper=stepper,
                     sampler_logprobs=batch.old_logprobs,
                     sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
+                    parallel=parallel,
                 )
-                policy.backend.sync_weights(model)
+                parallel.refresh(trained, plain)
+                policy.backend.sync_weights(plain)
                 if critic is not None:
                     critic_stats = critic.fit(batch.prompt_token_ids, batch.completion_token_ids,
                                               credit.token_values, credit.value_targets)
@@ -203,22 +238,28 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 console.print(f"[yellow]step {step}: skipped {stats.skipped} of {stats.skipped + stats.updates} "
                               f"policy updates with a non-finite loss or gradient (weights unchanged by them)[/yellow]")
             if t.max_nonfinite_updates and streak >= t.max_nonfinite_updates:
-                _stop_diverged(out.dir, history, step, streak, t.max_nonfinite_updates)
+                _stop_diverged(out.dir, history, step, streak, t.max_nonfinite_updates, parallel.is_main)
             if t.save_every and step % t.save_every == 0 and step != t.steps:
                 progress.update(step=step, cursor=cursor, tokens_seen=tokens_seen, nonfinite_streak=streak,
                                 skipped_updates=skipped_total,
                                 seconds=progress["seconds"] + time.perf_counter() - started)
                 started = time.perf_counter()
-                _save_state(checkpoints / f"step-{step:06d}", model, tokenizer, optimizer, scheduler, generator,
-                            critic, stepper, progress, out.manifest["config_hash"])
+                _save_state(checkpoints / f"step-{step:06d}", trained, plain, parallel, tokenizer, optimizer,
+                            scheduler, generator, critic, stepper, progress, out.manifest["config_hash"])
             info = f"reward {row['reward_mean']:.2f}"
             if row["eval_accuracy"] is not None:
                 info += f"  eval {row['eval_accuracy']:.3f}"
             advance(1, info=info)
 
-    final_dir = _save_checkpoint(model, tokenizer, checkpoints / "final", critic, dtype_of(cfg.model.dtype))
+    final_dir = checkpoints / "final"
+    if parallel.is_main:
+        _save_checkpoint(plain, tokenizer, final_dir, critic, dtype_of(cfg.model.dtype))
     eval_rows_after, eval_after = held_out_eval(t.steps)
     seconds = progress["seconds"] + time.perf_counter() - started
+    if not parallel.is_main:  # rank 0 writes every artifact
+        parallel.barrier()
+        parallel.close()
+        return
     metrics_path = artifacts.write_artifact("train_metrics", history, out.dir / "metrics.parquet")
     eval_path = artifacts.write_artifact("eval", eval_rows_after, out.dir / "eval.parquet")
     summary = {"method": spec.name, "steps": t.steps, "seconds": seconds, "generated_tokens": tokens_seen,
@@ -228,6 +269,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     out.finish({"metrics": metrics_path, "eval": eval_path, "summary": out.dir / "summary.json"},
                extra={"seconds": seconds, "resumed_from_step": first_step - 1 if state is not None else None})
     _print_summary(spec.name, history, eval_before, eval_after, seconds, final_dir)
+    parallel.barrier()
+    parallel.close()
 
 
 def config_keys(spec) -> list[str]:
@@ -252,9 +295,11 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
     return hashed
 
 
-def _stop_diverged(folder, history, step, streak, limit) -> None:
-    """Keep the metrics so far, then stop with one line saying why and what to try."""
-    metrics_path = artifacts.write_artifact("train_metrics", history, folder / "metrics.parquet")
+def _stop_diverged(folder, history, step, streak, limit, write: bool = True) -> None:
+    """Keep the metrics so far (``write``: rank 0), then stop with one line saying why and what to try."""
+    metrics_path = folder / "metrics.parquet"
+    if write:
+        artifacts.write_artifact("train_metrics", history, metrics_path)
     raise TrainingError(
         f"step {step}: {streak} policy updates in a row had a non-finite (NaN/inf) loss or gradient "
         f"(train.max_nonfinite_updates={limit}); they were skipped, so the weights are the last finite ones; "
@@ -265,17 +310,22 @@ def _stop_diverged(folder, history, step, streak, limit) -> None:
 # --------------------------------------------------------------------------- resumable state
 
 
-def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic, stepper, progress,
-                config_hash) -> None:
+def _save_state(path, trained, plain, parallel, tokenizer, optimizer, scheduler, generator, critic, stepper,
+                progress, config_hash) -> None:
     """One checkpoint folder holding the weights (HF format, in the training precision: float32
     master weights under mixed precision, so a resume continues exactly) and
-    ``trainer_state.pt``: the optimizer, scheduler, fp16 loss scaler, RNG states, the critic
-    (weights, optimizer, shuffler) if any, step, data cursor and metrics so far. Written as a
-    whole atomically, so a folder that exists is complete."""
+    ``trainer_state.pt``: the optimizer (keyed by parameter name), scheduler, fp16 loss scaler,
+    RNG states, the critic (weights, optimizer, shuffler) if any, step, data cursor and metrics so
+    far. Written as a whole atomically by rank 0, so a folder that exists is complete. Every rank
+    calls it (the optimizer state of FSDP2 shards is gathered)."""
+    optimizer_state = parallel.optimizer_state(trained, optimizer)
+    if not parallel.is_main:
+        parallel.barrier()
+        return
     state = {
         "format": STATE_FORMAT,
         "config_hash": config_hash,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "generator": generator.get_state(),
         "rng": _rng_states(),
@@ -284,9 +334,10 @@ def _save_state(path, model, tokenizer, optimizer, scheduler, generator, critic,
         "loss_scaler": stepper.state_dict(),
     }
     with runs.atomic_path(path) as tmp:
-        trainable.save_trained_weights(model, tmp)
+        trainable.save_trained_weights(plain, tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
+    parallel.barrier()
 
 
 def _latest_state(checkpoints, config_hash: str) -> dict | None:
@@ -310,13 +361,14 @@ def _latest_state(checkpoints, config_hash: str) -> dict | None:
     return None
 
 
-def _restore(state, model, optimizer, scheduler, generator, critic, stepper) -> dict:
+def _restore(state, trained, plain, parallel, optimizer, scheduler, generator, critic, stepper) -> dict:
     """Load the weights of ``state['path']`` and every saved state; returns the progress dict."""
     try:
-        trainable.load_trained_weights(model, state["path"])
+        trainable.load_trained_weights(plain, state["path"])
     except ValueError as e:
         raise TrainingError(f"cannot resume from {state['path']}: {e}") from e
-    optimizer.load_state_dict(state["optimizer"])
+    parallel.load_weights(trained, plain)
+    parallel.load_optimizer_state(trained, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"])
     stepper.load_state_dict(state.get("loss_scaler"))
@@ -410,11 +462,31 @@ def _check_options(t) -> None:
     for key, valid in choices.items():
         if t[key] not in valid:
             raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
+    if t.dist_timeout_s <= 0:
+        raise TrainingError(f"train.dist_timeout_s={t.dist_timeout_s}: must be > 0 seconds")
     for key in ("micro_batch_size", "logprob_chunk_tokens"):
         if t[key] < 0:
             raise TrainingError(f"train.{key}={t[key]}: must be >= 0 (0 turns it off)")
     if t.sampler_correction_cap <= 0:
         raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: must be > 0")
+
+
+def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
+    """This process's place in a torchrun job (world size 1 without one), or a one-line refusal
+    of what does not work under data parallelism yet."""
+    try:
+        parallel = distributed.init(t.parallel, t.dist_timeout_s)
+    except ValueError as e:
+        raise TrainingError(str(e)) from e
+    if parallel.distributed:
+        console.quiet = not parallel.is_main  # one progress bar and one table, from rank 0
+        if backend == "vllm":
+            raise TrainingError("backend=vllm under torchrun: one colocated vLLM engine per rank is not implemented "
+                                "yet; use backend=hf for data-parallel training, or train with vLLM in one process")
+        if parallel.mode == "fsdp2" and precision.loss_scaling:
+            raise TrainingError(f"train.precision={precision.name} with train.parallel=fsdp2: fp16 loss scaling "
+                                "over sharded gradients is not supported; use bf16-mixed or fp32")
+    return parallel
 
 
 def _precision(name: str, model_dtype: str):
