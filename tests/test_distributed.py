@@ -8,8 +8,8 @@
   another order); a rank with fewer rows than the others (a zero-weighted pass) to 1e-6. Dividing each rank's loss by its own token count instead (the naive way)
   changes the gradient by far more.
 * `torchrun ... rredcot train` at world size 2 (ddp and fsdp2) writes the same artifacts with the
-  same metrics and final weights as world size 1 (tolerance below), and an FSDP2 run killed at
-  world size 2 resumes to the same result.
+  same metrics and final weights as world size 1 (tolerance below); a run killed at world size
+  2 resumes to the same result, at world size 2 (FSDP2) or in one process (DDP).
 * Ranks that generate different lengths, or are out of rows, do not hang (a 60 s collective
   timeout turns a hang into a failure).
 """
@@ -287,9 +287,12 @@ def test_torchrun_world_size_two_matches_world_size_one(world_size_one, tmp_path
     _assert_same_run(run, world_size_one)
 
 
-def test_fsdp2_run_killed_at_world_size_two_resumes_to_the_same_result(world_size_one, tmp_path):
+@pytest.mark.parametrize("mode, resume_world_size", [("fsdp2", 2), ("ddp", 1)])
+def test_run_killed_at_world_size_two_resumes_to_the_same_result(world_size_one, tmp_path, mode, resume_world_size):
+    """FSDP2 killed and resumed at world size 2; DDP killed at world size 2 and resumed in one
+    process (checkpoints hold full weights and a name-keyed optimizer state)."""
     run = tmp_path / "run"
-    process = _train(run, "method=rredcot", "train.parallel=fsdp2", world_size=2)
+    process = _train(run, "method=rredcot", f"train.parallel={mode}", world_size=2)
     first_state = run / "train" / "checkpoints" / "step-000001"
     deadline = time.monotonic() + 300
     while not first_state.exists():
@@ -299,7 +302,8 @@ def test_fsdp2_run_killed_at_world_size_two_resumes_to_the_same_result(world_siz
     _kill_tree(process.pid)  # both ranks (torchrun starts them in sessions of their own), then torchrun
     process.communicate()
     assert not (run / "train" / "metrics.parquet").exists()
-    log = _finish(_train(run, "method=rredcot", "train.parallel=fsdp2", "train.resume=true", world_size=2))
+    log = _finish(_train(run, "method=rredcot", f"train.parallel={mode}", "train.resume=true",
+                         world_size=resume_world_size))
     assert "resuming" in log
     _assert_same_run(run, world_size_one)
 
