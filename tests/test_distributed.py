@@ -308,6 +308,30 @@ def test_run_killed_at_world_size_two_resumes_to_the_same_result(world_size_one,
     _assert_same_run(run, world_size_one)
 
 
+def test_the_slurm_script_trains_with_a_fake_srun_on_one_node(world_size_one, tmp_path):
+    """scripts/slurm/train.sbatch with stand-ins for srun and scontrol: one node, two processes,
+    the c10d rendezvous on localhost; the run equals world size 1 like a torchrun one."""
+    import socket
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    env = {**_env(), "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+           "RUN_DIR": str(run), "GPUS_PER_NODE": "2", "RDZV_PORT": str(port), "SLURM_JOB_NODELIST": "node1",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242"}
+    process = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "train.sbatch"), *CLI, "method=rredcot",
+                              "train.parallel=ddp"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    _assert_same_run(run, world_size_one)
+
+
 def _kill_tree(pid: int) -> None:
     children = []
     for task in Path(f"/proc/{pid}/task").iterdir():
