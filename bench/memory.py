@@ -3,7 +3,7 @@
 Each point builds a random-init Qwen2.5 model from a shipped ``config.json`` (bench/configs/, no
 hub), optionally at reduced depth, prepares it as ``rredcot train`` does (``trainable.prepare``:
 precision, LoRA, gradient checkpointing), builds ``ForwardPass``, ``GradientStepper`` and AdamW
-as rredcot_cli/stages/train.py does, and runs one ``update.policy_update`` (old-log-prob pre-pass,
+as rredcot_cli/stages/train.py does (``precision.make_optimizer``), and runs one ``update.policy_update`` (old-log-prob pre-pass,
 forward/backward per micro-batch, AdamW step) on random token ids. Every point runs in a fresh
 subprocess whose address space is capped (``--cap-gb``), so a configuration that does not fit
 fails with an allocation error, recorded as status ``does_not_fit``, instead of waking the OOM
@@ -11,9 +11,10 @@ killer. Per point it records:
 
   rss_imports   resident memory after importing torch/transformers/peft (the process floor)
   rss_setup     after building the model and AdamW with its moments allocated (the state every
-                update after the first one starts from; the moments are primed by one zero step)
+                update starts from: the moments are primed by one zero step, and policy_update
+                frees the gradients at its end)
   peak_update   the resident high-water mark during ``policy_update`` alone (VmHWM, reset through
-                /proc/self/clear_refs just before it)
+                /proc/self/clear_refs just before it); with ``updates`` > 1, of the last update
   peak_setup    the high-water mark of building and setting up (before the update)
   phase_peaks   the high-water mark of each phase of the update: prepass (old log-probs),
                 forward (a micro-batch's forward and loss), backward, step (clipping + AdamW)
@@ -92,15 +93,26 @@ class Point:
     seq_len: int  # prompt + completion tokens per row
     rows: int  # minibatch rows (train.minibatch_size); rows per pass follow micro_batch_size
     options: str  # a key of OPTION_SETS
-    adamw_foreach: bool = False  # force torch's multi-tensor AdamW (the CUDA default) on CPU
-    # Start the update with gradients allocated, as every update after a run's first one does
-    # (policy_update leaves the last minibatch's gradients in place until its next zero_grad).
-    steady: bool = False
+    # The optimizer. Default: make_optimizer(device="cpu"), torch's for-loop AdamW, what the train
+    # stage builds on CPU. adamw_foreach: torch's multi-tensor AdamW (CUDA's default, what the
+    # train stage built on CUDA before commit 1aa4279). adamw_fused: make_optimizer(device="cuda"),
+    # the fused AdamW the train stage builds on CUDA now, run here on CPU tensors.
+    adamw_foreach: bool = False
+    adamw_fused: bool = False
+    # Run this many consecutive updates on the same batch and measure the last one: 2 is every
+    # update of a run after its first (what the previous update leaves allocated is seen).
+    updates: int = 1
+
+    @property
+    def variant(self) -> str:
+        """'' for the default point; otherwise what makes it a variant (foreach, fused, update2)."""
+        return "/".join(filter(None, ["foreach" if self.adamw_foreach else "", "fused" if self.adamw_fused else "",
+                                      f"update{self.updates}" if self.updates > 1 else ""]))
 
     @property
     def key(self) -> str:
-        return (f"{self.model}/L{self.layers}/T{self.seq_len}/B{self.rows}/{self.options}"
-                + ("/foreach" if self.adamw_foreach else "") + ("/steady" if self.steady else ""))
+        return f"{self.model}/L{self.layers}/T{self.seq_len}/B{self.rows}/{self.options}" + (
+            "/" + self.variant if self.variant else "")
 
 
 def _full_layers(model: str) -> int:
@@ -116,37 +128,50 @@ def plan(name: str) -> list[Point]:
         raise ValueError(name)
     small, big, huge = "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"
     P = Point
+    mixed = ("baseline", "chunk", "ckpt", "micro1", "ckpt_chunk", "all")  # bf16-mixed full fine-tuning
+    # In the order they were measured at commit 1aa4279's code (most needed first). The points
+    # marked "re-used" were measured at f0aeb72, before it; docs/memory.md says why its changes
+    # cannot move them (no autocast, or only LoRA's few fp32 adapter weights cast) and
+    # docs/bench/memory.json marks them ``reused_from``. --resume keeps them.
     return [
-        # 1k tokens, minibatch of 2 rows, 0.5B at 2 layers: every option on and off.
-        *(P(small, 2, 1024, 2, o) for o in ("baseline", "chunk", "ckpt", "micro1", "ckpt_chunk", "all",
-                                            "bf16true_all", "lora_all")),
-        # ... at 6 layers where an option changes the per-layer part (chunking does not).
-        *(P(small, 6, 1024, 2, o) for o in ("baseline", "chunk", "ckpt", "micro1", "ckpt_chunk", "all",
-                                            "bf16true_all", "lora_all")),
-        # ... and at the full 24 layers: the check of the extrapolation in depth.
-        P(small, 24, 1024, 2, "baseline"), P(small, 24, 1024, 2, "lora_all"),
-        # 4k tokens, 0.5B at 2 layers, one row per minibatch (so micro-batching is off by itself) ...
-        *(P(small, 2, 4096, 1, o) for o in ("baseline", "chunk", "ckpt", "all", "bf16true_all", "lora_all")),
-        # ... micro-batching on/off at 4k: two rows per pass without and with chunking ...
-        P(small, 2, 4096, 2, "baseline"), P(small, 2, 4096, 2, "ckpt_chunk"),
-        # ... and at 6 layers (the per-layer part at 4k).
-        *(P(small, 6, 4096, 1, o) for o in ("baseline", "chunk", "ckpt", "all", "bf16true_all", "lora_all")),
-        P(small, 6, 4096, 2, "ckpt_chunk"),
-        # 1.5B: some options on and off at 1k, and the fits-on table's configurations at 2 and 4
-        # layers, 1k and 4k.
-        *(P(big, 2, 1024, 2, o) for o in ("baseline", "chunk", "ckpt", "micro1", "all", "bf16true_all", "lora_all")),
-        *(P(big, 4, 1024, 2, o) for o in ("all", "bf16true_all", "lora_all")),
-        *(P(big, n, 4096, 1, o) for n in (2, 4) for o in ("all", "bf16true_all", "lora_all")),
-        # CUDA's default multi-tensor AdamW keeps a copy of the second moments during the step.
+        # The headline option set (all) at 1k, 0.5B, 2 and 6 layers and the full 24: the check of
+        # the extrapolation in depth.
+        *(P(small, n, 1024, 2, "all") for n in (2, 6, 24)),
+        # Variants: the second of two consecutive updates (what the first leaves allocated), and
+        # the step with the fused AdamW (CUDA's optimizer now) and the multi-tensor one (before).
+        P(small, 2, 1024, 2, "all", updates=2), P(small, 2, 1024, 2, "all", adamw_fused=True),
         P(small, 2, 1024, 2, "all", adamw_foreach=True),
+        # 1.5B bf16-mixed, the fits-table configuration at 2 and 4 layers, 1k and 4k.
+        *(P(big, n, T, 2 if T == 1024 else 1, "all") for T in (1024, 4096) for n in (2, 4)),
+        # 7B bf16-true with two micro-batches per minibatch at 1k, 1 and 2 layers: the backward of a
+        # micro-batch that finds the gradients allocated, measured rather than bounded.
+        *(P(huge, n, 1024, 2, "bf16true_all") for n in (1, 2)),
+        # 0.5B at 4k, one row per minibatch (so micro-batching is off by itself), and two rows with
+        # one per pass (the second micro-batch finds the gradients allocated).
+        *(P(small, n, 4096, 1, "all") for n in (2, 6)), P(small, 2, 4096, 2, "all"),
+        P(small, 24, 1024, 2, "baseline"),
+        # Every option on and off at 1k, 0.5B, 2 and 6 layers (2 rows per minibatch).
+        *(P(small, n, 1024, 2, o) for n in (2, 6) for o in mixed if o != "all"),
+        *(P(small, n, 1024, 2, o) for n in (2, 6) for o in ("bf16true_all", "lora_all")),  # re-used but L2 lora_all
+        P(small, 24, 1024, 2, "lora_all"),  # re-used
+        # 0.5B at 4k: options on and off, micro-batching on/off (two rows per pass without and with
+        # chunking).
+        *(P(small, n, 4096, 1, o) for n in (2, 6) for o in ("chunk",)), P(small, 2, 4096, 2, "ckpt_chunk"),
+        *(P(small, 2, 4096, 1, o) for o in ("baseline", "ckpt")),
+        # 1.5B: options on and off at 1k, 2 layers.
+        *(P(big, 2, 1024, 2, o) for o in ("baseline", "chunk", "ckpt", "micro1")),
+        *(P(small, 6, 4096, 1, o) for o in ("baseline", "ckpt")), P(small, 6, 4096, 2, "ckpt_chunk"),
+        # Re-used: bf16-true and LoRA at 4k, 1.5B and 7B; the 4k two-row baseline that does not fit.
+        *(P(small, n, 4096, 1, o) for n in (2, 6) for o in ("bf16true_all", "lora_all")),
+        P(small, 2, 4096, 2, "baseline"),
+        *(P(big, 2, 1024, 2, o) for o in ("bf16true_all", "lora_all")),
+        *(P(big, 4, 1024, 2, o) for o in ("bf16true_all", "lora_all")),
+        *(P(big, n, 4096, 1, o) for n in (2, 4) for o in ("bf16true_all", "lora_all")),
         # 7B width (untied 152k x 3584 embedding and head) at 1 and 2 layers, where the training
         # state fits this machine: LoRA and bf16-true (bf16-mixed needs 16 bytes/parameter, 21 GB
         # at one layer). The 7B bf16-mixed estimate is derived from these (docs/memory.md).
         *(P(huge, n, 1024, 1, o) for n in (1, 2) for o in ("lora_all", "bf16true_all")),
         *(P(huge, 1, 4096, 1, o) for o in ("lora_all", "bf16true_all")),  # 2 layers at 4k: 10 min each
-        # The steady state (gradients of the previous update still allocated), against the
-        # arithmetic docs/memory.md adds to the points above; at 4k with two micro-batches.
-        P(small, 2, 1024, 2, "all", steady=True), P(small, 2, 4096, 2, "all", steady=True),
     ]
 
 
@@ -183,11 +208,12 @@ class PhaseMeter:
         _reset_peak_rss()
 
 
-def _instrument(phases: PhaseMeter, stepper_cls):
+def _instrument(phases: PhaseMeter, stepper_cls, record: dict):
     """A ``GradientStepper`` subclass and a wrapper of the old-log-prob pre-pass that only call
     ``phases.mark`` around the real ones, so policy_update runs unchanged and each phase's
     peak is seen: prepass, forward (a micro-batch's forward and loss), backward, step (gradient
-    clipping and AdamW)."""
+    clipping and AdamW). It also records the gradient bytes allocated when the step begins
+    (``grad_bytes_at_step``: G, since policy_update frees the gradients after its last step)."""
     from rredcot_cli import update
 
     real_prepass = update.chunked_completion_logprobs
@@ -208,6 +234,8 @@ def _instrument(phases: PhaseMeter, stepper_cls):
 
         def step(self, optimizer, parameters, grad_clip):
             phases.mark("other")
+            record["grad_bytes_at_step"] = sum(p.grad.numel() * p.grad.element_size() for p in parameters
+                                               if p.grad is not None)
             result = super().step(optimizer, parameters, grad_clip)
             phases.mark("step")
             return result
@@ -236,7 +264,7 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rredcot_cli import trainable
-    from rredcot_cli.precision import GradientStepper, resolve_precision
+    from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
     from rredcot_cli.update import ForwardPass, lr_lambda, policy_update
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point
@@ -257,10 +285,14 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     forward = ForwardPass(chunk_tokens=opts.logprob_chunk_tokens, micro_batch_size=opts.micro_batch_size,
                           autocast=autocast)
     phases = PhaseMeter()
-    stepper = _instrument(phases, GradientStepper)(precision, "cpu")
+    stepper = _instrument(phases, GradientStepper, record)(precision, "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    extra = {"foreach": True} if point.adamw_foreach else {}
-    optimizer = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, **extra)
+    if point.adamw_foreach:  # what the train stage built on CUDA before 1aa4279 (torch's CUDA default)
+        optimizer = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
+    else:  # as the train stage builds it: on CPU, or (adamw_fused) on CUDA, here with CPU tensors
+        optimizer = make_optimizer(model, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0,
+                                   device="cuda" if point.adamw_fused else "cpu")
+    record["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 1))
     # Allocate AdamW's moments as every update after a run's first one finds them: one step on
     # zero gradients (moments stay zero, the weights do not move), then drop the gradients.
@@ -268,8 +300,7 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     for p in params:
         p.grad = torch.zeros_like(p)
     optimizer.step()
-    if not point.steady:
-        optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)
     gc.collect()
     unique = {id(p): p for p in model.parameters()}.values()
     record.update(
@@ -286,19 +317,30 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     completion_ids = torch.randint(0, PAD_ID, (point.rows, completion), generator=gen).tolist()
     advantages = torch.randn(point.rows, completion, generator=gen)
     record["rows_per_pass"] = forward.rows_per_pass(point.rows)
+
+    def update():
+        return policy_update(
+            model, optimizer, scheduler, prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages,
+            pad_id=PAD_ID, reference=None, updates_per_batch=1, minibatch_size=point.rows, clip_low=0.2,
+            clip_high=0.2, loss_agg="token-mean", max_tokens=completion, kl_coef=0.0, kl_estimator="k3",
+            grad_clip=1.0, generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper)
+
+    for i in range(point.updates - 1):  # earlier updates of a run, not measured
+        record["stage"] = f"update {i + 1} (not measured)"
+        update()
+        gc.collect()
+    record["rss_before_update"] = _proc_status("VmRSS")
     record["hwm_reset"] = _reset_peak_rss()
     record["stage"] = "update"
     phases.peaks.clear()
     started = time.perf_counter()
-    stats = policy_update(
-        model, optimizer, scheduler, prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages,
-        pad_id=PAD_ID, reference=None, updates_per_batch=1, minibatch_size=point.rows, clip_low=0.2,
-        clip_high=0.2, loss_agg="token-mean", max_tokens=completion, kl_coef=0.0, kl_estimator="k3",
-        grad_clip=1.0, generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper)
+    stats = update()
     seconds = time.perf_counter() - started
     phases.mark("other")
     record.update(update_seconds=seconds, peak_update=max(phases.peaks.values()), phase_peaks=phases.peaks,
                   rss_after=_proc_status("VmRSS"), updates_taken=stats.updates, loss=stats.loss,
+                  # after the update: 0 since 1aa4279 (policy_update frees them); G at the step is
+                  # grad_bytes_at_step
                   grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None))
     record["stage"] = "done"
     record["sdpa_kernels"] = _sdpa_kernels(model, autocast)
@@ -410,7 +452,10 @@ def run_plan(points: list[Point], out: Path | None, cap_bytes: int, timeout_s: f
 
 
 def _write(data: dict, out: Path | None) -> None:
-    data["seconds"] = sum(r["wall_seconds"] for r in data["points"])  # every kept point, earlier runs' too
+    # every kept point, earlier runs' too; points carried over from an older measurement file
+    # (``reused_from``) are counted apart
+    data["seconds"] = sum(r["wall_seconds"] for r in data["points"] if "reused_from" not in r)
+    data["seconds_reused"] = sum(r["wall_seconds"] for r in data["points"] if "reused_from" in r)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=1) + "\n")
@@ -477,8 +522,9 @@ class Arch:
 
 
 def state_bytes(model: str, layers: int, options: str) -> dict:
-    """Exact bytes of weights (W), gradients (G), AdamW moments (M) and CUDA's multi-tensor AdamW
-    step temporary (T: a copy of the second moments) for ``layers`` decoder layers."""
+    """Exact bytes of weights (W), gradients (G), AdamW moments (M) and the multi-tensor AdamW's
+    step temporary (T: a copy of the second moments; CUDA's optimizer before 1aa4279, now fused
+    and without it) for ``layers`` decoder layers."""
     opts = OPTION_SETS[options]
     n = Arch.of(model).counts(layers, opts.lora_r)
     if opts.lora_r:  # frozen base in bf16, adapters in fp32 (bf16-mixed)
@@ -489,21 +535,32 @@ def state_bytes(model: str, layers: int, options: str) -> dict:
     return {"W": W, "G": width * trained, "M": 2 * width * trained, "T": width * trained, "params": n}
 
 
-def _steady_residuals(p: dict) -> dict:
-    """Extra bytes of each phase above the resting state W + M + G in a run's steady state (every
-    update after the first), from a point measured from W + M (gradients freed). There the old-
-    log-prob pre-pass runs with the previous update's gradients still allocated, and a later
-    micro-batch's forward and backward with the minibatch's accumulated gradients; a minibatch
-    of one micro-batch saw no gradients in its forward, and part of them in its backward (so
-    adding all of them there over-counts: an upper bound)."""
-    G = p["grad_bytes"]
-    E = {k: p["phase_peaks"][k] - p["rss_setup"] for k in PHASES}
-    if p.get("steady"):  # measured from W + M + G already: each phase's extra is its residual
-        return E
-    several = p["rows_per_pass"] < p["rows"]
-    return {"prepass": E["prepass"], "forward": E["forward"] - G if several else E["forward"],
-            "backward": E["backward"] - G if several else E["backward"], "step": E["step"] - G,
-            "other": E["other"] - G}
+def _variant(p: dict) -> str:
+    """'' for a default point; else what makes it a variant (foreach, fused, update2). Points
+    re-used from the measurement before 1aa4279 carry ``steady: false`` and none of the new fields."""
+    return "/".join(filter(None, ["foreach" if p.get("adamw_foreach") else "", "fused" if p.get("adamw_fused") else "",
+                                  f"update{p['updates']}" if p.get("updates", 1) > 1 else "",
+                                  "steady" if p.get("steady") else ""]))
+
+
+def _ok(p: dict) -> bool:
+    """A default point (no variant) that finished."""
+    return p["status"] == "ok" and not _variant(p)
+
+
+def _grads(p: dict) -> int:
+    """G as measured: the gradient bytes allocated when the step begins (recorded since 1aa4279,
+    after which policy_update frees them at its end); for re-used points, those left after it."""
+    return p["grad_bytes_at_step"] if "grad_bytes_at_step" in p else p["grad_bytes"]
+
+
+def _residuals(p: dict) -> dict:
+    """Extra bytes of each phase above W + M. Since 1aa4279 policy_update frees the gradients at
+    its end, so every update of a run starts from W + M, as the points do: these are the steady
+    state's residuals as measured (checked by the ``updates=2`` variant). Phases that hold the
+    gradients include them: the step and ``other`` all of G, a later micro-batch's forward and
+    backward all of G, a single micro-batch's backward those allocated so far."""
+    return {k: p["phase_peaks"][k] - p["rss_setup"] for k in PHASES}
 
 
 def _fit(points: list[dict], layers: int, values) -> dict:
@@ -517,21 +574,30 @@ def _groups(points: list[dict]) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for p in points:
         if p["status"] == "ok":
-            key = (p["model"], p["seq_len"], p["rows"], p["options"], p.get("adamw_foreach", False), p.get("steady", False))
+            key = (p["model"], p["seq_len"], p["rows"], p["options"], _variant(p))
             groups.setdefault(key, []).append(p)
     return groups
 
 
-def _mixed_from_true(R_true: dict, model: str, layers: int) -> dict:
-    """bf16-mixed residuals from bf16-true ones (7B, where bf16-mixed does not fit this machine):
-    under autocast the bf16 casts of every Linear weight are cached while a forward runs (2 bytes
-    per cast parameter, pre-pass and forward), and backward recasts the LM head and the layer it
-    recomputes; activations are otherwise the same. Checked where both are measured."""
-    n = Arch.of(model).counts(layers)
-    extra = {"prepass": 2 * n["cast"], "forward": 2 * n["cast"],
-             "backward": 2 * (Arch.of(model).vocab * Arch.of(model).hidden + n["layer"]), "other": 0}
-    # CPU's for-loop AdamW step holds two temporaries of the largest parameter: twice as wide in fp32.
-    return {k: 2 * R_true[k] if k == "step" else R_true[k] + extra[k] for k in R_true}
+def _mixed_from_true(R_true: dict, model: str, layers: int, rows_per_pass: int, seq_len: int, several: bool) -> dict:
+    """bf16-mixed residuals from bf16-true ones (7B, where bf16-mixed does not fit this machine).
+    Without autocast's weight cache (1aa4279) the pre-pass is the same. Otherwise bf16-mixed has
+    fp32 gradients (+2 bytes per parameter, dG, wherever the gradients are held: the step,
+    ``other``, and with several micro-batches a later one's forward and backward), fp32
+    checkpointed layer inputs (+2 bytes per hidden value, per layer and one more), and in the
+    backward an extra 2 bytes per LM-head weight (its cast, recomputed per chunk). With one
+    micro-batch per minibatch the backward holds only part of G at its peak; adding all of dG is
+    an upper bound there (``mixed_from_true_checks``)."""
+    arch = Arch.of(model)
+    n = arch.counts(layers)
+    dG = 2 * n["total"]
+    ck = (layers + 1) * rows_per_pass * seq_len * arch.hidden * 2
+    head = 2 * arch.vocab * arch.hidden
+    extra = {"prepass": 0, "forward": ck + (dG if several else 0), "backward": ck + dG + head,
+             # CPU's for-loop AdamW step: G plus two temporaries of the largest parameter, twice as
+             # wide in fp32; the GPU estimate replaces the step anyway
+             "step": R_true["step"], "other": dG}
+    return {k: R_true[k] + extra[k] for k in R_true}
 
 
 def _checkpoint_input_bytes(p: dict) -> int:
@@ -544,42 +610,64 @@ def _checkpoint_input_bytes(p: dict) -> int:
 
 
 def _fit_other_length(points: list[dict], p: dict, layers: int) -> tuple[dict, str]:
-    """Steady residuals at ``layers`` for a configuration measured at one depth only: the slope
-    per layer of the same model and options at another length, plus the difference in what
-    checkpointing keeps per layer (forward and backward; the pre-pass keeps nothing per layer).
-    Only for gradient-checkpointed configurations, where that is the whole token-dependent part
-    of the slope (checked on 0.5B and 1.5B in ``length_checks``)."""
+    """Residuals at ``layers`` for a configuration measured at one depth only: the slope per layer
+    of the same model and options at another length (the same minibatch rows where measured), plus
+    the difference in what checkpointing keeps per layer (forward and backward; the pre-pass keeps
+    nothing per layer). Only for gradient-checkpointed configurations, where that is the whole
+    token-dependent part of the slope (checked on 0.5B and 1.5B in ``length_checks``)."""
     assert OPTION_SETS[p["options"]].gradient_checkpointing
-    same = [q for q in points if q["status"] == "ok" and q["model"] == p["model"] and q["options"] == p["options"]
-            and q["seq_len"] != p["seq_len"] and not q.get("steady") and not q.get("adamw_foreach")]
-    other = {q["layers"]: q for q in same}
-    if len(other) < 2:
+    same = [q for q in points if _ok(q) and q["model"] == p["model"] and q["options"] == p["options"]
+            and q["seq_len"] != p["seq_len"]]
+    by_rows: dict[int, dict] = {}
+    for q in same:
+        by_rows.setdefault(q["rows"], {})[q["layers"]] = q
+    other = by_rows.get(p["rows"]) if len(by_rows.get(p["rows"], {})) >= 2 else next(
+        (v for _, v in sorted(by_rows.items()) if len(v) >= 2), None)
+    if not other:
         raise LookupError(f"{p['key']}: no other length measured at two depths")
     a, b = (other[d] for d in sorted(other)[:2])
-    ra, rb = _steady_residuals(a), _steady_residuals(b)
+
+    def without_grads(q: dict) -> dict:
+        # With several micro-batches a later one's forward and backward hold all of G, which grows
+        # by G per layer: taken out here and put back at the target depth, so that a slope can
+        # move between a minibatch of one micro-batch and one of several.
+        R = _residuals(q)
+        if q["rows_per_pass"] < q["rows"]:
+            R = {k: v - (_grads(q) if k in ("forward", "backward") else 0) for k, v in R.items()}
+        return R
+
+    ra, rb = without_grads(a), without_grads(b)
     extra = _checkpoint_input_bytes(p) - _checkpoint_input_bytes(a)
     slope = {k: (rb[k] - ra[k]) / (b["layers"] - a["layers"]) + (extra if k in ("forward", "backward") else 0)
              for k in PHASES}
-    base = _steady_residuals(p)
-    return ({k: base[k] + (layers - p["layers"]) * slope[k] for k in PHASES},
-            f"slope from {a['seq_len']} tokens + checkpointed layer inputs")
+    base = without_grads(p)
+    G = state_bytes(p["model"], layers, p["options"])["G"] if p["rows_per_pass"] < p["rows"] else 0
+    return ({k: base[k] + (layers - p["layers"]) * slope[k] + (G if k in ("forward", "backward") else 0)
+             for k in PHASES},
+            f"slope from {a['seq_len']} tokens, {a['rows']} row(s) + checkpointed layer inputs")
 
 
 def _length_checks(points: list[dict]) -> list[dict]:
     """``_fit_other_length`` where both lengths are measured at two depths: predicted vs measured
-    steady residuals at the deeper point."""
+    residuals at the deeper point."""
     checks = []
     groups = _groups(points)
-    for (model, T, rows, options, fe, sd), ps in sorted(groups.items()):
-        if fe or sd or not OPTION_SETS[options].gradient_checkpointing or len(ps) < 2:
+    for (model, T, rows, options, variant), ps in sorted(groups.items()):
+        if variant or not OPTION_SETS[options].gradient_checkpointing or len(ps) < 2:
             continue
-        if not any(k[0] == model and k[3] == options and k[1] != T and len(v) >= 2 and not k[4] and not k[5]
+        if not any(k[0] == model and k[3] == options and k[1] != T and len(v) >= 2 and not k[4]
                    for k, v in groups.items()):
             continue
         a, b = sorted(ps, key=lambda p: p["layers"])[:2]
-        pred, _ = _fit_other_length(points, a, b["layers"])
-        checks.append({"key": b["key"], "from": a["key"], "predicted": pred, "measured": _steady_residuals(b)})
+        pred, how = _fit_other_length(points, a, b["layers"])
+        checks.append({"key": b["key"], "from": a["key"], "how": how, "predicted": pred, "measured": _residuals(b)})
     return checks
+
+
+# The minibatch of the GPU tables: 2 rows at 1k (two micro-batches of one row) and 1 row at 4k.
+# Where a model was measured only with another row count (7B LoRA at 1k: 1 row) that is used
+# and the row says so.
+TABLE_ROWS = {1024: 2, 4096: 1}
 
 
 def derive(path: Path) -> dict:
@@ -588,19 +676,21 @@ def derive(path: Path) -> dict:
     groups = _groups(points)
     out: dict = {"source": str(path), "assumptions": {
         "accelerators_bytes": ACCELERATORS, "cards": ACCELERATOR_CARDS, "cuda_context": CUDA_CONTEXT,
-        "engine_workspace": ENGINE_WORKSPACE, "engine_asleep": ENGINE_ASLEEP, "kv_sequences": KV_SEQUENCES}}
+        "engine_workspace": ENGINE_WORKSPACE, "engine_asleep": ENGINE_ASLEEP, "kv_sequences": KV_SEQUENCES,
+        "table_rows": TABLE_ROWS}}
 
     # 1. Static state: arithmetic against what the model and AdamW hold, and against RSS.
     static = []
     for p in points:
-        if p["status"] != "ok" or p.get("steady"):
+        if p["status"] != "ok":
             continue
         st = state_bytes(p["model"], p["layers"], p["options"])
         static.append({"key": p["key"], "params": p["params_total"], "params_arith": st["params"]["total"]
                        + (st["params"]["lora"] if OPTION_SETS[p["options"]].lora_r else 0),
                        "W_M_arith": st["W"] + st["M"], "W_M_tensors": p["param_bytes"] + p["optimizer_state_bytes"],
                        "rss_setup_above_imports": p["rss_setup"] - p["rss_imports"],
-                       "G_arith": st["G"], "G_tensors": p["grad_bytes"]})
+                       "G_arith": st["G"], "G_tensors": _grads(p),
+                       "G_after_update": p["grad_bytes"], "reused_from": p.get("reused_from")})
     out["static"] = static
 
     # 2. Depth: the two shallowest depths predict every deeper measured one.
@@ -609,80 +699,101 @@ def derive(path: Path) -> dict:
         if len(ps) < 3:
             continue
         for q in sorted(ps, key=lambda p: p["layers"])[2:]:
-            pred = _fit(ps, q["layers"], lambda p: {k: p["phase_peaks"][k] - p["rss_setup"] for k in PHASES})
-            meas = {k: q["phase_peaks"][k] - q["rss_setup"] for k in PHASES}
+            pred = _fit(ps, q["layers"], _residuals)
+            meas = _residuals(q)
             checks.append({"key": q["key"], "predicted": pred, "measured": meas,
                            "peak_predicted": max(pred.values()), "peak_measured": max(meas.values())})
     out["depth_checks"] = checks
 
-    # 3. Full depth on this CPU, first update (what the points measure): W + M + max phase extra.
+    # 3. Full depth on this CPU (what the points measure): W + M + max phase extra.
     full = []
-    for (model, T, rows, options, foreach, steady), ps in sorted(groups.items()):
-        if foreach or steady:
+    for (model, T, rows, options, variant), ps in sorted(groups.items()):
+        if variant:
             continue
         L = Arch.of(model).layers
         byd = {p["layers"]: p for p in ps}
         st = state_bytes(model, L, options)
         row = {"model": model, "seq_len": T, "rows": rows, "options": options,
                "rows_per_pass": ps[0]["rows_per_pass"], "measured_depths": sorted(byd),
-               "measured_peak_above_imports": {d: byd[d]["peak_update"] - byd[d]["rss_imports"] for d in sorted(byd)}}
+               "measured_peak_above_imports": {d: byd[d]["peak_update"] - byd[d]["rss_imports"] for d in sorted(byd)},
+               "reused_from": sorted({p["reused_from"] for p in ps if p.get("reused_from")})}
         if L in byd:
             row["full_depth_peak"] = byd[L]["peak_update"] - byd[L]["rss_imports"]
             row["full_depth_source"] = "measured"
         elif len(byd) >= 2:
-            E = _fit(ps, L, lambda p: {k: p["phase_peaks"][k] - p["rss_setup"] for k in PHASES})
+            E = _fit(ps, L, _residuals)
             row["full_depth_peak"] = st["W"] + st["M"] + max(E.values())
             row["full_depth_source"] = "extrapolated"
         full.append(row)
     out["full_depth_cpu"] = full
 
     # 4. Checks of the arithmetic the GPU estimates add to the measurements.
-    foreach = []
+    # The optimizers: the step's extra with the fused AdamW (CUDA's since 1aa4279) and the
+    # multi-tensor one (CUDA's before), against the for-loop default of the same point.
+    optimizers = []
     for p in points:
-        if p.get("adamw_foreach") and p["status"] == "ok":
+        if p["status"] == "ok" and (p.get("adamw_foreach") or p.get("adamw_fused")) and p.get("updates", 1) == 1:
             st = state_bytes(p["model"], p["layers"], p["options"])
-            twin = next(q for q in points if q["key"] == p["key"].replace("/foreach", ""))
-            foreach.append({"key": p["key"], "step_extra_foreach": p["phase_peaks"]["step"] - p["rss_setup"],
-                            "step_extra_forloop": twin["phase_peaks"]["step"] - twin["rss_setup"],
-                            "G_plus_T_arith": st["G"] + st["T"]})
-    out["foreach_checks"] = foreach
-    steady = []
+            twin = next(q for q in points if _ok(q) and q["key"] == p["key"].rsplit("/", 1)[0])
+            optimizers.append({"key": p["key"], "optimizer": "fused" if p.get("adamw_fused") else "foreach",
+                               "step_extra": p["phase_peaks"]["step"] - p["rss_setup"],
+                               "step_extra_forloop": twin["phase_peaks"]["step"] - twin["rss_setup"],
+                               "G": _grads(p), "T_arith": st["T"],
+                               "beyond_G": p["phase_peaks"]["step"] - p["rss_setup"] - _grads(p),
+                               "beyond_G_plus_T": p["phase_peaks"]["step"] - p["rss_setup"] - _grads(p) - st["T"]})
+    out["optimizer_checks"] = optimizers
+    # The steady state: the second of two consecutive updates against the first (same point).
+    second = []
     for p in points:
-        if p.get("steady") and p["status"] == "ok":
-            meas = _steady_residuals(p)
-            twin_key = (p["model"], p["seq_len"], p["rows"], p["options"], False, False)
-            twin = next((q for q in groups.get(twin_key, []) if q["layers"] == p["layers"]), None)
-            if twin is None:  # the 4k two-micro-batch point: predicted from the one-row minibatch
-                twin = next(q for q in groups.get((p["model"], p["seq_len"], 1, p["options"], False, False), [])
-                            if q["layers"] == p["layers"])
-            steady.append({"key": p["key"], "from": twin["key"], "measured": meas, "predicted": _steady_residuals(twin)})
-    out["steady_checks"] = steady
-    mixed = []
-    for (model, T, rows, options, fe, sd), ps in groups.items():
-        if options != "all" or fe or sd:
+        if p["status"] == "ok" and p.get("updates", 1) > 1 and not (p.get("adamw_foreach") or p.get("adamw_fused")):
+            twin = next(q for q in points if _ok(q) and q["key"] == p["key"].rsplit("/", 1)[0])
+            second.append({"key": p["key"], "from": twin["key"], "first_update": _residuals(twin),
+                           "later_update": _residuals(p), "rss_before_update_above_setup":
+                           p.get("rss_before_update", p["rss_setup"]) - p["rss_setup"],
+                           "grads_after_update": p["grad_bytes"]})
+    out["steady_checks"] = second
+    # A second micro-batch: the same minibatch size per pass (one row), two rows against one.
+    micro = []
+    for (model, T, rows, options, variant), ps in sorted(groups.items()):
+        if variant or rows < 2 or ps[0]["rows_per_pass"] != 1:
             continue
         for p in ps:
-            t = next((q for q in groups.get((model, T, rows, "bf16true_all", False, False), [])
-                      if q["layers"] == p["layers"]), None)
+            q = next((q for q in groups.get((model, T, 1, options, ""), []) if q["layers"] == p["layers"]), None)
+            if q is not None:
+                micro.append({"key": p["key"], "vs": q["key"], "G": _grads(p), "two_micro_batches": _residuals(p),
+                              "one": _residuals(q)})
+    out["micro_batch_checks"] = micro
+    mixed = []
+    for (model, T, rows, options, variant), ps in groups.items():
+        if options != "all" or variant:
+            continue
+        for p in ps:
+            t = next((q for q in groups.get((model, T, rows, "bf16true_all", ""), []) if q["layers"] == p["layers"]),
+                     None)
             if t is not None:
-                mixed.append({"key": p["key"], "measured": _steady_residuals(p),
-                              "predicted": _mixed_from_true(_steady_residuals(t), model, p["layers"])})
+                several = p["rows_per_pass"] < p["rows"]
+                mixed.append({"key": p["key"], "several_micro_batches": several, "measured": _residuals(p),
+                              "predicted": _mixed_from_true(_residuals(t), model, p["layers"], p["rows_per_pass"], T,
+                                                            several)})
     out["mixed_from_true_checks"] = mixed
     out["length_checks"] = _length_checks(points)
     # What a second row per pass costs: ckpt_chunk (the minibatch in one pass) against all (one
-    # row per pass), same model, length and depth, as steady residuals.
-    rows = []
+    # row per pass), same model, length and depth.
+    rows_ = []
     for p in points:
-        if p["status"] == "ok" and p["options"] == "ckpt_chunk" and p["rows_per_pass"] == 2 and not p.get("steady"):
-            q = next((q for q in points if q["status"] == "ok" and q["options"] == "all" and not q.get("steady")
-                      and not q.get("adamw_foreach") and q["rows_per_pass"] == 1 and
+        if _ok(p) and p["options"] == "ckpt_chunk" and p["rows_per_pass"] == 2:
+            q = next((q for q in points if _ok(q) and q["options"] == "all" and q["rows_per_pass"] == 1 and
                       (q["model"], q["seq_len"], q["layers"]) == (p["model"], p["seq_len"], p["layers"])), None)
             if q is not None:
-                rp, rq = _steady_residuals(p), _steady_residuals(q)
-                rows.append({"key": p["key"], "vs": q["key"], "two_rows": rp, "one_row": rq,
-                             "peak_difference": max(rp.values()) - max(rq.values())})
-    out["row_checks"] = rows
-    eps = max((f["step_extra_foreach"] - f["G_plus_T_arith"] for f in foreach), default=0)
+                rp, rq = _residuals(p), _residuals(q)
+                rows_.append({"key": p["key"], "vs": q["key"], "two_rows": rp, "one_row": rq,
+                              "peak_difference": max(rp.values()) - max(rq.values())})
+    out["row_checks"] = rows_
+    # The GPU step: G plus what the optimizer adds beyond it (measured on this CPU: fused AdamW,
+    # CUDA's now; the multi-tensor one, before 1aa4279, beyond G + T).
+    eps_fused = max((o["beyond_G"] for o in optimizers if o["optimizer"] == "fused"), default=0)
+    eps_foreach = max((o["beyond_G_plus_T"] for o in optimizers if o["optimizer"] == "foreach"), default=0)
+    out["step_beyond_G"] = {"fused": eps_fused, "foreach_beyond_T": eps_foreach}
 
     # 5. GPU estimates at full depth, steady state, with vLLM colocated.
     gpu = []
@@ -694,55 +805,59 @@ def derive(path: Path) -> dict:
                 source, from_true = options, False
 
                 def measured(opts: str, length: int | None = T) -> list[dict]:
-                    return [p for p in points if p["status"] == "ok" and p["model"] == model and p["options"] == opts
-                            and length in (None, p["seq_len"]) and not p.get("adamw_foreach") and not p.get("steady")]
+                    return [p for p in points if _ok(p) and p["model"] == model and p["options"] == opts
+                            and length in (None, p["seq_len"])]
 
                 ps = measured(options)
                 if options == "all" and not measured("all", None):  # 7B: bf16-mixed does not fit this machine
                     ps = measured("bf16true_all")
-                    source, from_true = "bf16true_all + autocast arithmetic", True
+                    source, from_true = "bf16true_all + bf16-mixed arithmetic", True
                 if not ps:
                     continue
-                by_layers = {p["layers"]: p for p in ps}
+                want = TABLE_ROWS.get(T, 1)
+                rows = want if any(p["rows"] == want for p in ps) else max(p["rows"] for p in ps)
+                if rows != want:
+                    source += f"; {rows}-row minibatch (no {want}-row point)"
+                by_layers = {p["layers"]: p for p in ps if p["rows"] == rows}
                 pair = [by_layers[d] for d in sorted(by_layers)[:2]]
                 if len(pair) == 2:
-                    R = _fit(pair, L, _steady_residuals)
+                    R = _fit(pair, L, _residuals)
                 else:  # one depth at this length (7B at 4k): the per-layer slope from another length
                     try:
                         R, how = _fit_other_length(points, pair[0], L)
                     except LookupError:
                         continue
                     source += f"; {how}"
+                several = pair[0]["rows_per_pass"] < pair[0]["rows"]
                 if from_true:
-                    R = _mixed_from_true(R, model, L)
+                    R = _mixed_from_true(R, model, L, pair[0]["rows_per_pass"], T, several)
                 st = state_bytes(model, L, options)
-                R_gpu = dict(R, step=st["T"] + eps)  # CUDA's multi-tensor AdamW step
+                R_gpu = dict(R, step=st["G"] + eps_fused)  # the fused AdamW make_optimizer builds on CUDA
                 phase = max(R_gpu, key=R_gpu.get)
-                one_mb = phase == "backward" and all(q["rows_per_pass"] >= q["rows"] for q in pair)
                 runner_up = max((k for k in R_gpu if k != phase), key=R_gpu.get)
-                resting = st["W"] + st["M"] + st["G"]
+                resting = st["W"] + st["M"]  # gradients freed after each update (1aa4279)
                 peak = resting + R_gpu[phase]
                 n_total = arch.counts(L)["total"]
                 kv = KV_SEQUENCES * T * arch.kv_bytes_per_token()
                 awake = 2 * n_total + kv + ENGINE_WORKSPACE
                 need_sleep = max(CUDA_CONTEXT + peak + ENGINE_ASLEEP, CUDA_CONTEXT + resting + awake)
                 need_awake = CUDA_CONTEXT + peak + awake
-                # What-if (not the code as it is): a fused AdamW step (no temporary) and the
-                # gradients freed at the end of policy_update, so neither the pre-pass nor the
-                # sampling phase holds them.
-                R_fix = dict(R_gpu, step=eps)
-                peak_fix = st["W"] + st["M"] + max(R_fix["prepass"], st["G"] + max(
-                    R_fix[k] for k in ("forward", "backward", "step", "other")))
-                need_fix = max(CUDA_CONTEXT + peak_fix + ENGINE_ASLEEP, CUDA_CONTEXT + st["W"] + st["M"] + awake)
+                # Were the step still torch's multi-tensor AdamW (CUDA's default, the optimizer
+                # before 1aa4279): that finding's share of the change, the other two fixes kept.
+                R_fe = dict(R, step=st["G"] + st["T"] + eps_foreach)
+                peak_fe = resting + max(R_fe.values())
+                need_fe = max(CUDA_CONTEXT + peak_fe + ENGINE_ASLEEP, CUDA_CONTEXT + resting + awake)
                 gpu.append({"model": model, "seq_len": T, "options": options, "label": label, "source": source,
-                            "rows_per_pass": pair[0]["rows_per_pass"], "depths_used": [p["layers"] for p in pair],
+                            "rows": rows, "rows_per_pass": pair[0]["rows_per_pass"],
+                            "depths_used": [p["layers"] for p in pair], "several_micro_batches": several,
                             "W": st["W"], "G": st["G"], "M": st["M"], "T": st["T"], "residual": R_gpu,
-                            "peak_phase": phase, "peak_from_one_micro_batch": one_mb, "runner_up_phase": runner_up,
+                            "peak_phase": phase, "runner_up_phase": runner_up,
+                            "backward_upper_bound": from_true and not several,
                             "trainer_resting": resting, "trainer_peak": peak,
                             "engine_weights": 2 * n_total, "engine_kv": kv, "engine_awake": awake,
                             "need_sleep_mode": need_sleep, "need_no_sleep": need_awake,
-                            "what_if_fused_adamw_and_grads_freed": {"trainer_peak": peak_fix, "need_sleep_mode": need_fix,
-                                                                    "fits": {g: _verdict(need_fix, c) for g, c in ACCELERATORS.items()}},
+                            "what_if_foreach_adamw": {"trainer_peak": peak_fe, "need_sleep_mode": need_fe,
+                                                      "fits": {g: _verdict(need_fe, c) for g, c in ACCELERATORS.items()}},
                             "fits_sleep_mode": {g: _verdict(need_sleep, c) for g, c in ACCELERATORS.items()},
                             "fits_no_sleep": {g: _verdict(need_awake, c) for g, c in ACCELERATORS.items()}})
     out["gpu"] = gpu
@@ -758,12 +873,11 @@ def _verdict(need: float, capacity: float) -> str:
 
 
 def _phase_cell(r: dict) -> str:
-    """The peak phase and its residual; a backward measured on one-micro-batch minibatches only is
-    marked ~ (it may count gradients that a later micro-batch already holds), with the next phase."""
-    ph, R = r["peak_phase"], r["residual"]
-    if r["peak_from_one_micro_batch"]:
-        return f"backward ~+{_g(R[ph])} ({r['runner_up_phase']} +{_g(R[r['runner_up_phase']])})"
-    return f"{ph} +{_g(R[ph])}"
+    """The peak phase and its residual, with the runner-up; a 7B bf16-mixed backward derived from a
+    one-micro-batch minibatch is an upper bound, marked <=."""
+    ph, R, ru = r["peak_phase"], r["residual"], r["runner_up_phase"]
+    mark = "<=" if ph == "backward" and r["backward_upper_bound"] else "+"
+    return f"{ph} {mark}{_g(R[ph])} ({ru} +{_g(R[ru])})"
 
 
 def _g(x: float) -> str:
@@ -803,12 +917,19 @@ def report(d: dict) -> str:
         fd = f"{_g(r['full_depth_peak'])} ({r['full_depth_source']})" if "full_depth_peak" in r else "-"
         lines.append(f"| {r['model']} | {r['seq_len']} | {r['options']} (B={r['rows']}) | {r['rows_per_pass']} | {meas} | {fd} |")
     lines += ["", "### Arithmetic checks (MiB)", ""]
-    for f in d["foreach_checks"]:
-        lines.append(f"- {f['key']}: step extra with multi-tensor AdamW {f['step_extra_foreach'] / MIB:,.0f}, "
-                     f"G + T arithmetic {f['G_plus_T_arith'] / MIB:,.0f}, for-loop AdamW {f['step_extra_forloop'] / MIB:,.0f}")
+    for f in d["optimizer_checks"]:
+        lines.append(f"- {f['key']}: step extra {f['step_extra'] / MIB:,.0f} with the {f['optimizer']} AdamW, "
+                     f"{f['step_extra_forloop'] / MIB:,.0f} with the for-loop one; G {f['G'] / MIB:,.0f}, "
+                     f"T arithmetic {f['T_arith'] / MIB:,.0f}; beyond G {f['beyond_G'] / MIB:,.0f}, "
+                     f"beyond G + T {f['beyond_G_plus_T'] / MIB:,.0f}")
     for c in d["steady_checks"]:
-        cells = ", ".join(f"{k} {c['predicted'][k] / MIB:,.0f} / {c['measured'][k] / MIB:,.0f}" for k in PHASES)
-        lines.append(f"- steady state {c['key']} predicted from {c['from']} / measured (residual above W+M+G): {cells}")
+        cells = ", ".join(f"{k} {c['first_update'][k] / MIB:,.0f} / {c['later_update'][k] / MIB:,.0f}" for k in PHASES)
+        lines.append(f"- steady state: {c['key']} (first update / last update, extra above W+M): {cells}; "
+                     f"RSS before the last update {c['rss_before_update_above_setup'] / MIB:+,.0f} above setup, "
+                     f"gradients after it {c['grads_after_update'] / MIB:,.0f}")
+    for c in d["micro_batch_checks"]:
+        cells = ", ".join(f"{k} {c['one'][k] / MIB:,.0f} -> {c['two_micro_batches'][k] / MIB:,.0f}" for k in PHASES)
+        lines.append(f"- a second micro-batch, {c['key']} vs {c['vs']} (G {c['G'] / MIB:,.0f}): {cells}")
     for c in d["row_checks"]:
         cells = ", ".join(f"{k} {c['one_row'][k] / MIB:,.0f} -> {c['two_rows'][k] / MIB:,.0f}" for k in PHASES)
         lines.append(f"- two rows per pass instead of one, {c['key']} vs {c['vs']}: {cells} "
@@ -820,7 +941,7 @@ def report(d: dict) -> str:
         cells = ", ".join(f"{k} {c['predicted'][k] / MIB:,.0f} / {c['measured'][k] / MIB:,.0f}" for k in PHASES)
         lines.append(f"- bf16-mixed from bf16-true {c['key']} predicted / measured: {cells}")
     lines += ["", "### GPU estimate, full depth, steady state (GiB)", "",
-              "| model | tokens | training | trainer resting W+M+G | + peak phase | = trainer peak | vLLM awake "
+              "| model | tokens | training | trainer resting W+M | + peak phase (runner-up) | = trainer peak | vLLM awake "
               "(weights + KV + workspace) | need, sleep mode | need, no sleep |",
               "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in d["gpu"]:
@@ -836,11 +957,11 @@ def report(d: dict) -> str:
             need = r["need_sleep_mode" if key == "fits_sleep_mode" else "need_no_sleep"]
             lines.append(f"| {r['model']} | {r['seq_len']} | {r['label']} ({_g(need)} GiB) | "
                          + " | ".join(r[key][g] for g in ACCELERATORS) + " |")
-    lines += ["", "### What-if: fused AdamW and gradients freed after each update (sleep mode)", "",
+    lines += ["", "### What-if: torch's multi-tensor AdamW on CUDA (the optimizer before 1aa4279; sleep mode)", "",
               "| model | tokens | training | trainer peak | need | " + " | ".join(ACCELERATORS) + " |",
               "| --- | ---: | --- | ---: | ---: |" + " :---: |" * len(ACCELERATORS)]
     for r in d["gpu"]:
-        w = r["what_if_fused_adamw_and_grads_freed"]
+        w = r["what_if_foreach_adamw"]
         lines.append(f"| {r['model']} | {r['seq_len']} | {r['label']} | {_g(w['trainer_peak'])} | {_g(w['need_sleep_mode'])} | "
                      + " | ".join(w["fits"][g] for g in ACCELERATORS) + " |")
     return "\n".join(lines)
@@ -863,9 +984,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", default="baseline,all", help=f"comma-separated option sets, from {', '.join(OPTION_SETS)}")
     parser.add_argument("--layers", default="2", help="comma-separated decoder depths; 0 = the config's own")
     parser.add_argument("--rows", type=int, default=2, help="minibatch rows (default 2)")
-    parser.add_argument("--adamw-foreach", action="store_true", help="force the multi-tensor AdamW (CUDA's default)")
-    parser.add_argument("--steady", action="store_true",
-                        help="start the update with gradients allocated (every update after a run's first)")
+    parser.add_argument("--adamw-foreach", action="store_true",
+                        help="torch's multi-tensor AdamW (CUDA's default; the train stage's CUDA optimizer before 1aa4279)")
+    parser.add_argument("--adamw-fused", action="store_true",
+                        help="the fused AdamW make_optimizer builds for CUDA, on CPU tensors")
+    parser.add_argument("--updates", type=int, default=1,
+                        help="consecutive updates per point; the last one is measured (default 1)")
     parser.add_argument("--out", type=Path, help="JSON to write (rewritten after every point)")
     parser.add_argument("--resume", action="store_true", help="keep the finished points already in --out")
     parser.add_argument("--cap-gb", type=float, default=20.0, help="address-space cap per child in GiB (default 20)")
@@ -892,7 +1016,8 @@ def main(argv: list[str] | None = None) -> None:
         unknown = (set(models) - set(MODELS)) | (set(option_sets) - set(OPTION_SETS))
         if unknown:
             parser.error(f"unknown model or option set: {', '.join(sorted(unknown))}")
-        points = [Point(m, int(n) or _full_layers(m), int(t), args.rows, o, args.adamw_foreach, args.steady)
+        points = [Point(m, int(n) or _full_layers(m), int(t), args.rows, o, args.adamw_foreach, args.adamw_fused,
+                        args.updates)
                   for m in models for t in args.lengths.split(",") for o in option_sets for n in args.layers.split(",")]
     else:
         parser.error("say what to measure: --quick, --plan or --models")
