@@ -242,6 +242,9 @@ class SFTConfig:
     # Each step of an SFT solution is miscomputed with this probability, so the model learns to
     # make occasional errors and sampled accuracy leaves room for RL (greedy stays near 100%).
     solution_error_rate: float = 0.08
+    # Continue from this model instead of training from scratch: a model folder written by
+    # `rredcot sft`, or a shipped model's name (tiny-chain). The architecture below is then unused.
+    init: Optional[str] = None
     # Architecture of the model trained from scratch.
     hidden_size: int = 128
     num_layers: int = 6

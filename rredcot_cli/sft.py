@@ -81,8 +81,11 @@ def train_sft(
     eval_every: int = 0,
     solution_error_rate: float = 0.0,
     progress: bool = True,
+    init: str | Path | None = None,
 ) -> dict:
-    """Train a fresh tiny model on ``benchmark``'s gold solutions and save it to ``output_dir``.
+    """Train a fresh tiny model on ``benchmark``'s gold solutions and save it to ``output_dir``;
+    with ``init`` (a model folder with the same character tokenizer, e.g. the shipped
+    tiny-chain) continue training that model instead (the architecture arguments are then unused).
 
     ``benchmark`` needs ``load``, ``prompt`` and ``solution``; ``steps * batch_size`` problems of
     its "train" split are used once each, in order. ``eval_fn(model, tokenizer, step) -> dict`` is
@@ -99,7 +102,7 @@ def train_sft(
     output_dir = Path(output_dir)
 
     tokenizer = build_char_tokenizer(model_max_length=max_position_embeddings)
-    model = build_tiny_model(
+    model = _initial_model(init, tokenizer) if init else build_tiny_model(
         len(tokenizer),
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -175,3 +178,14 @@ def train_sft(
         "history": history,
         **final_eval,
     }
+
+
+def _initial_model(path: str | Path, tokenizer) -> torch.nn.Module:
+    """The float32 model in ``path`` to continue from; ValueError unless it uses ``tokenizer``'s vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if model.config.vocab_size != len(tokenizer):
+        raise ValueError(f"sft.init={path}: its vocabulary has {model.config.vocab_size} tokens, the character "
+                         f"tokenizer {len(tokenizer)}; sft.init needs a model trained by rredcot sft")
+    return model

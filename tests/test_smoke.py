@@ -94,3 +94,27 @@ def test_sft_stage_trains_a_loadable_model(tmp_path):
     rredcot("eval", f"run.dir={run}", f"model.path={model_dir}", "eval.num_problems=2", "eval.n=2", "eval.k=[1,2]",
             "sampling.max_new_tokens=16", cwd=tmp_path)
     assert json.loads((run / "eval" / "metrics.json").read_text())["num_problems"] == 2
+
+
+def test_sft_continues_from_a_shipped_model(tmp_path):
+    """sft.init=tiny-chain starts from the shipped weights (a few small steps move them a little)."""
+    from safetensors.torch import load_file
+
+    from rredcot_cli.models import EMBEDDED_DIR
+
+    run = tmp_path / "runs" / "sft-init"
+    rredcot("sft", f"run.dir={run}", "sft.init=tiny-chain", "sft.steps=2", "sft.batch_size=2", "sft.lr=1e-5",
+            "sft.warmup_steps=1", "sft.min_steps=20", "sft.max_steps=24", cwd=tmp_path)
+    before = load_file(EMBEDDED_DIR / "model.safetensors")
+    after = load_file(run / "sft" / "model" / "model.safetensors")
+    assert before.keys() == after.keys()
+    gaps = [float((after[k] - before[k]).abs().max()) for k in before]
+    assert 0 < max(gaps) < 1e-2
+
+
+def test_sft_init_that_is_not_a_model_fails_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rredcot_cli", "sft", f"run.dir={tmp_path}/r",
+                             f"sft.init={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "sft.init=" in result.stderr and "no model there" in result.stderr
+    assert not (tmp_path / "r" / "sft").exists()

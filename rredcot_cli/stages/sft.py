@@ -1,5 +1,6 @@
 """`rredcot sft`: train the embedded tiny model from scratch on the synthetic benchmark's gold
-solutions. With its defaults it reproduces the checkpoint shipped in rredcot_cli/assets."""
+solutions. With its defaults it reproduces the checkpoint shipped in rredcot_cli/assets;
+``sft.init`` continues from an existing model (e.g. ``sft.init=tiny-chain`` for longer chains)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ CONFIG_KEYS = ["seed", "benchmark", "sft"]
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
+    init = _init_path(cfg.sft.init)  # checked before a run folder is made
     out = runs.begin_stage(cfg, "sft", overrides, inputs={}, keys=CONFIG_KEYS)
     if out is None:
         return
@@ -34,7 +36,24 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                            weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
                            hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
                            intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
-                           solution_error_rate=f.solution_error_rate, seed=cfg.seed)
+                           solution_error_rate=f.solution_error_rate, seed=cfg.seed,
+                           init=init)
     out.finish({"model": model_dir / "model.safetensors"}, extra=result)
     console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
                   f"(use it with model.path={model_dir})")
+
+
+def _init_path(init: str | None) -> str | None:
+    """``sft.init`` as a folder: a path, or the name of a model shipped in rredcot_cli/assets."""
+    from pathlib import Path
+
+    from rredcot_cli.errors import RredcotError
+
+    if not init:
+        return None
+    shipped = Path(__file__).resolve().parents[1] / "assets" / init
+    folder = shipped if "/" not in init and shipped.is_dir() else Path(init)
+    if not (folder / "config.json").is_file():
+        raise RredcotError(f"sft.init={init}: no model there (no config.json); give a model folder or a shipped "
+                           f"model's name (tiny-chain)")
+    return str(folder)
