@@ -146,6 +146,7 @@ TRAIN_METRICS = pa.schema(
 CREDIT_QUALITY = pa.schema(
     [
         _field("method", pa.string()),
+        _field("batch", pa.int32()),  # which of judge.batches independent batches (0 with one)
         _field("credit_constant", pa.bool_()),  # every completion's segments share one credit
         _field("value_spearman", pa.float64(), nullable=True),
         _field("value_pearson", pa.float64(), nullable=True),

@@ -280,6 +280,9 @@ class JudgeConfig:
     # Runs of each method with different seeds (torch's and the method's own seed parameters),
     # for the spread of its advantages.
     reruns: int = 3
+    # Independent batches the saved traces are cut into (whole prompt groups, in order): every
+    # column is computed per batch and the table shows its mean with a 95% interval over them.
+    batches: int = 1
 
 
 @dataclass

@@ -295,6 +295,53 @@ def test_report_picks_up_the_judge_table(judged, tmp_path):
     assert ("method=grpo", "value_spearman") not in rows  # null, not averaged into a number
 
 
+def test_judge_batches_give_one_row_per_method_and_batch_and_intervals(judged, tmp_path):
+    """judge.batches=2 on the 2 saved prompts: batch b is judged exactly as a run holding only
+    prompt b would be (same reference and rerun seeds), and the table shows mean ± interval."""
+    from rredcot_cli.stages.judge import batch_summary
+
+    run, _ = judged
+    copy = tmp_path / "copy"
+    for stage in ["sample", "segment"]:
+        shutil.copytree(run / stage, copy / stage)
+    result = invoke("judge", f"run.dir={copy}", *SMALL, *JUDGE, "judge.batches=2")
+    assert result.exit_code == 0, result.output
+    rows = artifacts.read_artifact("credit_quality", copy / "judge" / "credit_quality.parquet").to_pylist()
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (0, 1) for m in ["grpo", "rredcot", "loo", "mc"]]
+    assert "± " in result.output and "over batches" in result.output
+    summary = batch_summary(rows)
+    for method in ["rredcot", "mc"]:
+        values = [r["credit_spearman"] for r in rows if r["method"] == method]
+        mean, low, high, n = summary[method]["credit_spearman"]
+        assert n == 2 and mean == pytest.approx(sum(values) / 2) and low <= mean <= high
+    manifest = json.loads((copy / "judge" / "manifest.json").read_text())
+    assert manifest["extra"]["batches"] == 2 and sum(manifest["extra"]["batch_completions"]) == 8
+
+    # Batch 1 equals judging a run dir that holds only its prompt.
+    alone = tmp_path / "alone"
+    samples = artifacts.read_artifact("samples", run / "sample" / "samples.parquet").to_pylist()
+    second = samples[-1]["prompt_id"]
+    for stage, kind, name in [("sample", "samples", "samples.parquet"), ("segment", "segments", "segments.parquet")]:
+        table = artifacts.read_artifact(kind, run / stage / name).to_pylist()
+        artifacts.write_artifact(kind, [r for r in table if r["prompt_id"] == second], alone / stage / name)
+    result = invoke("judge", f"run.dir={alone}", *SMALL, *JUDGE)
+    assert result.exit_code == 0, result.output
+    single = artifacts.read_artifact("credit_quality", alone / "judge" / "credit_quality.parquet").to_pylist()
+    keep = [c for c in MEASURES_THAT_ARE_NOT_TIMES if c != "method"]
+    for row in single:
+        batched = next(r for r in rows if r["method"] == row["method"] and r["batch"] == 1)
+        assert {c: batched[c] for c in keep} == {c: row[c] for c in keep}, row["method"]
+
+
+def test_more_batches_than_prompts_is_one_line(judged, tmp_path):
+    run, _ = judged
+    for stage in ["sample", "segment"]:
+        shutil.copytree(run / stage, tmp_path / stage)
+    result = invoke("judge", f"run.dir={tmp_path}", *SMALL, *JUDGE, "judge.batches=3")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "judge.batches=3: the saved samples hold 2 prompts" in result.stderr
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -323,6 +370,7 @@ def test_run_dir_without_segments_names_the_segment_command(judged, tmp_path):
      "unknown key 'judge.params.rredcot.valu' for method 'rredcot'; valid keys: value, advantage"),
     (["judge.methods=[mc]", "+judge.params.mc.k=many"], "judge.params.mc.k=many: "),
     (["judge.reruns=0"], "judge.reruns=0: need at least 1 run per method"),
+    (["judge.batches=0"], "judge.batches=0: need at least 1 batch"),
 ])
 def test_option_mistakes_are_one_line(tmp_path, overrides, message):
     result = invoke("judge", f"run.dir={tmp_path}", *overrides)

@@ -43,7 +43,7 @@ IGNORED_LEAVES = {"train.resume", "train.max_nonfinite_updates", "train.save_eve
                   "backend.sleep_mode", "train.parallel", "train.dist_timeout_s"}
 TRAIN_FILES = ("manifest.json", "config.yaml", "summary.json", "metrics.parquet", "eval.parquet")
 # Credit-quality files: columns that identify rows rather than measure anything.
-ID_COLUMNS = {"prompt_id", "sample_idx", "segment_idx", "step", "seed"}
+ID_COLUMNS = {"prompt_id", "sample_idx", "segment_idx", "step", "seed", "batch"}
 MAX_KEY_VALUES = 20  # a string column with more distinct values is an id, not a key
 
 

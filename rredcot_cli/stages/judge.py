@@ -3,7 +3,8 @@
 On the saved samples and segments: Monte Carlo reference values V(S_0..S_K) with
 ``judge.reference_k`` continuations per segment boundary, computed once; then every method of
 ``judge.methods`` runs ``judge.reruns`` times with different seeds, and one row per method
-records its agreement with the reference (Spearman/Pearson of values and credits), first-error
+(per batch, with ``judge.batches``: the traces cut into independent batches of whole prompt
+groups, so every column gets a 95% interval over batches) records its agreement with the reference (Spearman/Pearson of values and credits), first-error
 localisation on step-checked benchmarks (with chance level), the spread of its token advantages
 over the reruns, and its cost relative to the sample stage. Writes
 ``judge/credit_quality.parquet`` (``rredcot report`` shows it) and prints the table.
@@ -102,6 +103,24 @@ def _check_options(cfg: DictConfig, overrides: list[str], names: list[str]) -> N
         raise ConfigError(f"judge.reference_k={cfg.judge.reference_k}: need at least 1 continuation per boundary")
     if cfg.judge.reruns < 1:
         raise ConfigError(f"judge.reruns={cfg.judge.reruns}: need at least 1 run per method")
+    if cfg.judge.batches < 1:
+        raise ConfigError(f"judge.batches={cfg.judge.batches}: need at least 1 batch")
+
+
+def split_batches(samples: list[dict], segments: list[dict], batches: int) -> list[tuple[list[dict], list[dict]]]:
+    """``(samples, segments)`` of ``batches`` contiguous runs of whole prompt groups, as even as
+    possible; ``ConfigError`` when there are fewer prompts than batches."""
+    from rredcot_cli.distributed import split_evenly
+
+    prompts = list(dict.fromkeys(s["prompt_id"] for s in samples))
+    if len(prompts) < batches:
+        raise ConfigError(f"judge.batches={batches}: the saved samples hold {len(prompts)} prompts; sample at least "
+                          f"{batches} (sample.num_prompts) or ask for fewer batches")
+    out = []
+    for part in split_evenly(prompts, batches):
+        mine = set(part)
+        out.append(([s for s in samples if s["prompt_id"] in mine], [g for g in segments if g["prompt_id"] in mine]))
+    return out
 
 
 def _sample_stage(samples_path: Path) -> dict[str, Any]:
@@ -130,6 +149,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if out is None:
         return
     samples, segments = read_segmented_samples(inputs)
+    batches = split_batches(samples, segments, cfg.judge.batches)
     sample_stage = _sample_stage(inputs["samples"])
     sample_seconds = sample_stage.get("seconds")
 
@@ -141,45 +161,59 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     benchmark = make_benchmark(cfg)
     policy = make_policy(cfg)
     answer_probe = getattr(benchmark, "ANSWER_PROBE", None)
-    batch = credit_batch(samples, segments, answer_probe=answer_probe)
-    targets = None
-    if checks_steps(benchmark):
-        targets = first_error_segments(samples, batch.segment_ids, benchmark, [problem_of(s) for s in samples],
-                                       policy.tokenizer)
+    # The sample stage's time, shared out over the batches by completions (for "x sample").
+    batch_sample_seconds = [sample_seconds * len(b) / len(samples) if sample_seconds else None for b, _ in batches]
 
-    rows, reference = [], {}
+    rows, reference = [], {"k": cfg.judge.reference_k, "seed": runs.derive_seed(cfg.seed, "judge", "reference"),
+                           "seconds": 0.0}
+    known_first_errors = 0
     started = time.perf_counter()
-    with progress_bar("judge", total=1 + len(names)) as advance:
-        advance(0, info=f"mc reference, K={cfg.judge.reference_k}")
-        ref_stats: dict[str, int] = {}
-        ref_started = time.perf_counter()
-        ref_seed = runs.derive_seed(cfg.seed, "judge", "reference")
-        ref_values = mc_reference_values(batch, policy, k=cfg.judge.reference_k,
-                                         max_new_tokens=cfg.sampling.max_new_tokens,
-                                         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                                         seed=ref_seed, stats=ref_stats)
-        reference = {"k": cfg.judge.reference_k, "seed": ref_seed,
-                     "seconds": time.perf_counter() - ref_started, **ref_stats}
-        advance(1)
-        for name in names:
-            advance(0, info=name)
-            spec = get_method(name)
-            collaborators = make_collaborators(cfg, spec, policy) if spec.needs else {}
-            warn_if_untrained_critic(cfg, spec)
-            rows.append(judge_method(name, all_params[name], samples, segments, answer_probe, collaborators, ref_values,
-                                     targets, reruns=cfg.judge.reruns, seed=cfg.seed, sample_seconds=sample_seconds))
+    with progress_bar("judge", total=len(batches) * (1 + len(names))) as advance:
+        for index, (batch_samples, batch_segments) in enumerate(batches):
+            where = f"batch {index + 1}/{len(batches)}: " if len(batches) > 1 else ""
+            batch = credit_batch(batch_samples, batch_segments, answer_probe=answer_probe)
+            targets = None
+            if checks_steps(benchmark):
+                targets = first_error_segments(batch_samples, batch.segment_ids, benchmark,
+                                               [problem_of(s) for s in batch_samples], policy.tokenizer)
+                known_first_errors += sum(t is not None for t in targets)
+            advance(0, info=f"{where}mc reference, K={cfg.judge.reference_k}")
+            ref_stats: dict[str, int] = {}
+            ref_started = time.perf_counter()
+            # Continuations depend on (seed, prefix) only, so one seed serves every batch.
+            ref_values = mc_reference_values(batch, policy, k=cfg.judge.reference_k,
+                                             max_new_tokens=cfg.sampling.max_new_tokens,
+                                             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                             seed=reference["seed"], stats=ref_stats)
+            reference["seconds"] += time.perf_counter() - ref_started
+            for key, value in ref_stats.items():
+                reference[key] = reference.get(key, 0) + value
             advance(1)
+            for name in names:
+                advance(0, info=f"{where}{name}")
+                spec = get_method(name)
+                collaborators = make_collaborators(cfg, spec, policy) if spec.needs else {}
+                warn_if_untrained_critic(cfg, spec)
+                row = judge_method(name, all_params[name], batch_samples, batch_segments, answer_probe, collaborators,
+                                   ref_values, targets, reruns=cfg.judge.reruns, seed=cfg.seed,
+                                   sample_seconds=batch_sample_seconds[index])
+                rows.append({**row, "batch": index})
+                advance(1)
     seconds = time.perf_counter() - started
 
     path = artifacts.write_artifact("credit_quality", rows, out.dir / "credit_quality.parquet")
     out.finish({"credit_quality": path}, extra={
         "seconds": seconds, "reference": reference, "methods": all_params, "reruns": cfg.judge.reruns,
         "rerun_seeds": [runs.derive_seed(cfg.seed, "judge", "rerun", r) for r in range(cfg.judge.reruns)],
-        "completions": len(samples), "segments": len(segments),
-        "incorrect_with_known_first_error": None if targets is None else sum(t is not None for t in targets),
+        "completions": len(samples), "segments": len(segments), "batches": len(batches),
+        "batch_completions": [len(b) for b, _ in batches],
+        "incorrect_with_known_first_error": known_first_errors if checks_steps(benchmark) else None,
         "sample_seconds": sample_seconds, "sample_generated_tokens": sample_stage.get("generated_tokens"),
     })
-    print_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
+    if len(batches) > 1:
+        print_batch_table(rows, len(batches), len(samples), cfg.judge.reruns)
+    else:
+        print_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
     console.print(f"judged {len(names)} methods x {cfg.judge.reruns} reruns in {seconds:.1f}s -> [bold]{path}[/bold]")
 
 
@@ -275,3 +309,49 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
                   f"{reference.get('generated_tokens', 0):,} generated tokens{sample}. ρ Spearman, r Pearson; "
                   "'inner' leaves out each completion's last segment (its value is the reward); "
                   "'const': credit constant within a completion, so it cannot localise (a tie is no hit).")
+
+
+# Columns of the batch table: (header, column, digits).
+BATCH_COLUMNS = [("value ρ", "value_spearman", 3), ("value ρ inner", "value_spearman_inner", 3),
+                 ("credit ρ", "credit_spearman", 3), ("first error", "first_error_rate", 2),
+                 ("chance", "first_error_chance", 2), ("adv std", "advantage_std", 3), ("seconds", "seconds", 2),
+                 ("× sample", "seconds_vs_sample", 2)]
+
+
+def batch_summary(rows: list[dict]) -> dict[str, dict[str, tuple[float, float, float, int] | None]]:
+    """Per method and column of ``BATCH_COLUMNS``: (mean, low, high, batches) over the batches
+    where the column has a value, with the 95% Student-t interval; None where it never has."""
+    from rredcot_cli.metrics import mean_ci
+
+    out: dict[str, dict] = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        out[method] = {}
+        for _, column, _ in BATCH_COLUMNS:
+            values = [float(r[column]) for r in mine if r[column] is not None]
+            out[method][column] = (*mean_ci(values), len(values)) if values else None
+    return out
+
+
+def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rredcot judge · {completions} completions in {batches} batches, {reruns} reruns; "
+                        "mean ± 95% interval over batches", show_header=True, header_style="bold")
+    table.add_column("method")
+    for header, _, _ in BATCH_COLUMNS:
+        table.add_column(header, justify="right")
+    for method, stats in batch_summary(rows).items():
+        cells = []
+        for _, column, digits in BATCH_COLUMNS:
+            stat = stats[column]
+            if stat is None:
+                cells.append("—")
+            elif stat[1] != stat[1]:  # NaN: a single batch has a value
+                cells.append(f"{stat[0]:.{digits}f}")
+            else:
+                cells.append(f"{stat[0]:.{digits}f} ± {(stat[2] - stat[1]) / 2:.{digits}f}")
+        table.add_row(method, *cells)
+    wide = console if console.is_terminal else Console(stderr=True, width=170)
+    wide.print(table)
