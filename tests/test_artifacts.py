@@ -52,11 +52,11 @@ ROWS = {
              sampler_kl=0.015625, overflow_skipped=2),
     ],
     "credit_quality": [
-        dict(method="grpo", credit_constant=True, value_spearman=None, value_pearson=None, value_spearman_inner=None,
+        dict(method="grpo", batch=0, credit_constant=True, value_spearman=None, value_pearson=None, value_spearman_inner=None,
              value_pearson_inner=None, credit_spearman=0.25, credit_pearson=0.5, first_error_rate=0.0,
              first_error_chance=0.125, first_error_completions=8, advantage_std=0.0, seconds=0.5,
              seconds_vs_sample=0.25, forward_tokens=0, generated_tokens=0, backward_tokens=0),
-        dict(method="mc", credit_constant=False, value_spearman=0.75, value_pearson=0.5, value_spearman_inner=0.5,
+        dict(method="mc", batch=1, credit_constant=False, value_spearman=0.75, value_pearson=0.5, value_spearman_inner=0.5,
              value_pearson_inner=0.25, credit_spearman=-0.125, credit_pearson=0.0, first_error_rate=None,
              first_error_chance=None, first_error_completions=0, advantage_std=None, seconds=2.0,
              seconds_vs_sample=None, forward_tokens=2**40, generated_tokens=1234, backward_tokens=0),
