@@ -198,6 +198,17 @@ class TrainConfig:
     parallel: str = "ddp"
     # How long a collective waits for a rank that does not come before the run fails. Not hashed.
     dist_timeout_s: float = 1800.0
+    # Every this many steps, write that step's samples, segments, credits and advantages under
+    # rollouts/step-N/ (laid out as a run dir: sample/, segment/, attribute/<method>/), so heatmap,
+    # attribute and judge read them with train.step=N. 0: never. Not hashed.
+    save_rollouts: int = 5
+    # After writing checkpoints/step-N, delete all but the newest this many step-N checkpoints
+    # (checkpoints/final is never deleted); 0: keep all. Not hashed.
+    keep_checkpoints: int = 0
+    # heatmap, attribute, judge: work on the rollouts `rredcot train` saved at this step
+    # (train.save_rollouts) instead of the run dir's own stage outputs; null: the run dir's.
+    # Not hashed; train itself ignores it.
+    step: Optional[int] = None
 
 
 @dataclass
@@ -305,3 +316,7 @@ class Config:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
     inputs: Any = field(default_factory=dict)
+    # Experiment trackers `rredcot train` logs each step's metrics to, through their own libraries
+    # (rredcot_cli/tracking.py): tensorboard, wandb, trackio, mlflow; e.g. tracking=[tensorboard].
+    # Not part of any config hash.
+    tracking: List[str] = field(default_factory=list)
