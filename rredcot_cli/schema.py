@@ -320,3 +320,102 @@ class Config:
     # (rredcot_cli/tracking.py): tensorboard, wandb, trackio, mlflow; e.g. tracking=[tensorboard].
     # Not part of any config hash.
     tracking: List[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- ranges
+
+# The meaningful range of every numeric option, checked once after composition
+# (``rredcot_cli.config.check_ranges``), so an out-of-range value fails in one line before
+# anything loads or runs. A spec is ``">= 1"``, ``"> 0"``, ``"<= 1"``, ``"< 1"`` or an interval
+# ``"[0, 1)"``, optionally followed by ``"; note"`` (shown in the message); a bound may be another
+# option (``"[1, eval.n]"``; a method parameter's, another parameter's name). A list option's
+# entries are each checked; a null (Optional) value is not. tests/test_config.py fails when a
+# numeric field has no entry here. Method parameters declare theirs with their registry entry
+# (``register(..., ranges=...)`` in ``rredcot_cli.methods``).
+RANGES: Dict[str, str] = {
+    "seed": ">= 0",
+    "model.lora.r": ">= 0; 0 trains every weight",
+    "model.lora.alpha": "> 0",
+    "model.lora.dropout": "[0, 1)",
+    "backend.batch_size": ">= 0; 0 puts all the prompts of a draw in one call",
+    "backend.num_threads": ">= 0; 0 is torch's default",
+    "backend.gpu_memory_utilization": "(0, 1]",
+    "backend.tensor_parallel_size": ">= 1",
+    "backend.kv_cache_gb": "> 0; or null",
+    "backend.max_model_len": ">= 1; or null",
+    "benchmark.max_steps": ">= 1",
+    "benchmark.min_steps": "[1, benchmark.max_steps]",
+    "benchmark.data_seed": ">= 0",
+    "benchmark.verify_timeout_s": "> 0",
+    "segment.tokens": ">= 1",
+    "segment.min_tokens": ">= 0",
+    "segment.max_segments": ">= 1",
+    "segment.entropy_quantile": "[0, 1]",
+    "segment.entropy_threshold": ">= 0; entropies are in nats, or null for entropy_quantile",
+    "segment.hybrid_max_span": ">= 1",
+    "sampling.n": ">= 1",
+    "sampling.temperature": ">= 0; 0 is greedy",
+    "sampling.top_p": "(0, 1]",
+    "sampling.max_new_tokens": ">= 1",
+    "sample.num_prompts": ">= 1; nothing to sample otherwise",
+    "train.steps": ">= 1",
+    "train.prompts_per_step": ">= 1",
+    "train.lr": "> 0",
+    "train.warmup_steps": ">= 0",
+    "train.weight_decay": ">= 0",
+    "train.betas": "[0, 1)",
+    "train.grad_clip": ">= 0; 0 turns it off",
+    "train.updates_per_batch": ">= 1",
+    "train.minibatch_size": ">= 1",
+    "train.clip_low": "[0, 1)",
+    "train.clip_high": ">= 0",
+    "train.kl_coef": ">= 0",
+    "train.eval_every": ">= 0; 0 evaluates only before and after training",
+    "train.eval_problems": ">= 1",
+    "train.eval_samples": ">= 1",
+    "train.save_every": ">= 0; 0 turns it off",
+    "train.max_nonfinite_updates": ">= 0; 0 never stops",
+    "train.max_sampling_rounds": ">= 1",
+    "train.micro_batch_size": ">= 0; 0 turns it off",
+    "train.logprob_chunk_tokens": ">= 0; 0 turns it off",
+    "train.sampler_correction_cap": "> 0",
+    "train.dist_timeout_s": "> 0",
+    "train.save_rollouts": ">= 0; 0 turns it off",
+    "train.keep_checkpoints": ">= 0; 0 keeps all",
+    "train.step": ">= 1; or null",
+    "critic.lr": "> 0",
+    "critic.updates_per_batch": ">= 0; 0 never trains the critic",
+    "critic.minibatch_size": ">= 1",
+    "critic.value_clip": ">= 0; 0 turns it off",
+    "critic.grad_clip": ">= 0; 0 turns it off",
+    "critic.weight_decay": ">= 0",
+    "eval.num_problems": ">= 1; nothing to evaluate otherwise",
+    "eval.n": ">= 1",
+    "eval.k": "[1, eval.n]; pass@k and maj@k take k of the n samples",
+    "eval.temperature": ">= 0; 0 is greedy",
+    "eval.top_p": "(0, 1]",
+    "sft.steps": ">= 1",
+    "sft.batch_size": ">= 1",
+    "sft.lr": "> 0",
+    "sft.weight_decay": ">= 0",
+    "sft.grad_clip": "> 0",
+    "sft.warmup_steps": ">= 0",
+    "sft.max_steps": ">= 1",
+    "sft.min_steps": "[1, sft.max_steps]",
+    "sft.solution_error_rate": "[0, 1]",
+    "sft.hidden_size": ">= 1",
+    "sft.num_layers": ">= 1",
+    "sft.num_heads": ">= 1",
+    "sft.intermediate_size": ">= 1",
+    "sft.max_position_embeddings": ">= 1",
+    "heatmap.samples": ">= 1",
+    "heatmap.sample_idx": ">= 0; or null for every sample",
+    "judge.reference_k": ">= 1",
+    "judge.reruns": ">= 1",
+    "judge.batches": ">= 1",
+}
+
+# Options that must divide another: (key, divisor key).
+DIVISIBLE_BY: List[tuple] = [
+    ("sft.hidden_size", "sft.num_heads"),  # attention heads split the hidden size evenly
+]

@@ -369,8 +369,9 @@ def test_run_dir_without_segments_names_the_segment_command(judged, tmp_path):
     (["judge.methods=[rredcot]", "+judge.params.rredcot.valu=answer_probe"],
      "unknown key 'judge.params.rredcot.valu' for method 'rredcot'; valid keys: value, advantage"),
     (["judge.methods=[mc]", "+judge.params.mc.k=many"], "judge.params.mc.k=many: "),
-    (["judge.reruns=0"], "judge.reruns=0: need at least 1 run per method"),
-    (["judge.batches=0"], "judge.batches=0: need at least 1 batch"),
+    (["judge.reruns=0"], "judge.reruns=0: must be >= 1"),
+    (["judge.batches=0"], "judge.batches=0: must be >= 1"),
+    (["judge.methods=[mc]", "+judge.params.mc.k=0"], "judge.params.mc.k=0: must be >= 1"),
 ])
 def test_option_mistakes_are_one_line(tmp_path, overrides, message):
     result = invoke("judge", f"run.dir={tmp_path}", *overrides)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 
@@ -21,6 +21,9 @@ class MethodSpec:
     # The credit of a row depends on other groups of the batch (e.g. whitening over the batch),
     # so data-parallel training computes it on the whole batch rather than per rank's groups.
     batch_wide: bool = False
+    # Meaningful range of each numeric parameter, as in rredcot_cli.schema.RANGES ("> 0",
+    # "[0, 1)", ...); checked when the config is composed (method.<param>=value).
+    ranges: dict[str, str] = field(default_factory=dict)
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
@@ -30,11 +33,16 @@ _REGISTRY: dict[str, MethodSpec] = {}
 _NOT_METHOD_MODULES = {"base"}
 
 
-def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False) -> Callable:
+def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False,
+             ranges: dict[str, str] | None = None) -> Callable:
+    """Register ``fn`` as credit method ``name``; ``ranges`` gives each numeric parameter of
+    ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.schema.RANGES``)."""
+
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"credit method {name!r} is registered twice")
-        _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide)
+        _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide,
+                                     ranges=dict(ranges or {}))
         return fn
 
     return decorator

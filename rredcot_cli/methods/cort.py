@@ -65,6 +65,14 @@ class CoRTParams:
     batch_size: int = 16  # completions per scoring forward
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+CORT_RANGES = {
+    "lam": "[0, 1); weights 1 + lam*tanh(z) must stay positive",
+    "eps": "> 0",
+    "batch_size": ">= 1",
+}
+
+
 def cort_weights(contrast: torch.Tensor, mask: torch.Tensor, advantage: torch.Tensor, *, lam: float,
                  mode: str = "signed", flip_negative: bool = False) -> torch.Tensor:
     """(B, T) log-likelihood contrasts, (B,) advantages -> (B, T) weights, mean 1 per row, 0 on
@@ -89,7 +97,7 @@ def remove_block(text: str, blocks: list[str]) -> str | None:
     return None
 
 
-@register("cort", params=CoRTParams, needs=("policy",))
+@register("cort", params=CoRTParams, ranges=CORT_RANGES, needs=("policy",))
 def cort(batch: CreditBatch, *, policy, blocks: list[str], missing_block: str, lam: float, contrast: str,
          flip_negative: bool, scale_by_std: bool, eps: float, batch_size: int) -> Credit:
     """Host advantage reweighted by the contrast between prompts with and without the

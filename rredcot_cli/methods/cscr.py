@@ -68,6 +68,16 @@ class CSCRParams:
     batch_size: int = 16  # completions per scoring forward
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+CSCR_RANGES = {
+    "alpha": ">= 0",
+    "w_min": "(0, 1]",
+    "w_max": ">= 1",
+    "eps": "> 0",
+    "batch_size": ">= 1",
+}
+
+
 def cscr_weights(delta_pos: torch.Tensor, delta_neg: torch.Tensor, mask: torch.Tensor, *, alpha: float,
                  w_min: float, w_max: float, sensitivity: str = "mean", weight_direction: str = "down") -> torch.Tensor:
     """(B, T) log-prob shifts under the two conditions -> (B, T) weights, mean 1 per row, 0 on
@@ -97,7 +107,7 @@ def _wrong_answer(batch: CreditBatch, i: int) -> str | None:
     return None
 
 
-@register("cscr", params=CSCRParams, needs=("policy",))
+@register("cscr", params=CSCRParams, ranges=CSCR_RANGES, needs=("policy",))
 def cscr(batch: CreditBatch, *, policy, condition: str, correct_note: str, incorrect_note: str, hint_template: str,
          alpha: float, w_min: float, w_max: float, sensitivity: str, weight_direction: str, scale_by_std: bool,
          eps: float, batch_size: int) -> Credit:

@@ -52,6 +52,14 @@ class DAPOParams:
     eps: float = 1e-6
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+DAPO_RANGES = {
+    "max_length": ">= 1",
+    "cache_length": "[0, max_length]",
+    "eps": "> 0",
+}
+
+
 def overlong_penalty(lengths: torch.Tensor, max_length: int, cache_length: int) -> torch.Tensor:
     """(B,) completion lengths -> (B,) R_len: 0, then linear down to -1 over the last
     ``cache_length`` tokens of the budget, -1 beyond ``max_length``."""
@@ -89,7 +97,7 @@ def dapo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, lengths: torc
     return advantage
 
 
-@register("dapo", params=DAPOParams)
+@register("dapo", params=DAPOParams, ranges=DAPO_RANGES)
 def dapo(batch: CreditBatch, *, signed_reward: bool, overlong_shaping: bool, max_length: int, cache_length: int,
          overlong_filter: bool, zero_uniform_groups: bool, eps: float) -> Credit:
     """DAPO advantage broadcast to all tokens and segments; no state values. Defaults of the

@@ -65,6 +65,17 @@ class GradientParams:
     rows_per_forward: int = 16  # sequences per forward/backward
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+GRADIENT_RANGES = {
+    "ig_steps": ">= 0; 0 is gradient x input",
+    "beta": ">= 0",
+    "w_min": "(0, 1]",
+    "w_max": ">= 1",
+    "eps": "> 0",
+    "rows_per_forward": ">= 1",
+}
+
+
 @dataclass(frozen=True)
 class GradRow:
     ids: tuple[int, ...]  # prompt + context + probe context + answer
@@ -172,7 +183,7 @@ def gradient_attributions(model, prompts: list[list[int]], completions: list[lis
     return out
 
 
-@register("gradient", params=GradientParams, needs=("policy",))
+@register("gradient", params=GradientParams, ranges=GRADIENT_RANGES, needs=("policy",))
 def gradient(batch: CreditBatch, *, policy, ig_steps: int, score: str, answer_segment: str,
              probe_template: Optional[str], beta: float, w_min: float, w_max: float, eps: float,
              rows_per_forward: int) -> Credit:

@@ -22,6 +22,12 @@ class GRPOParams:
     eps: float = 1e-6
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+GRPO_RANGES = {
+    "eps": "> 0",
+}
+
+
 def group_mean_std(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-completion mean and unbiased std of its group's rewards.
 
@@ -47,7 +53,7 @@ def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, scale_by_std:
     return advantage / (std + eps) if scale_by_std else advantage
 
 
-@register("grpo", params=GRPOParams)
+@register("grpo", params=GRPOParams, ranges=GRPO_RANGES)
 def grpo(batch: CreditBatch, *, scale_by_std: bool = True, eps: float = 1e-6) -> Credit:
     """Outcome advantage broadcast to all tokens and segments; no state values."""
     advantage = grpo_advantage(batch.rewards, batch.group_ids, scale_by_std, eps)

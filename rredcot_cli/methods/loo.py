@@ -60,6 +60,15 @@ class LOOParams:
     eps: float = 1e-6
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+LOO_RANGES = {
+    "beta": ">= 0",
+    "w_min": "(0, 1]",
+    "w_max": ">= 1",
+    "eps": "> 0",
+}
+
+
 def loo_attributions(full: torch.Tensor, dropped: torch.Tensor, num_segments: torch.Tensor) -> torch.Tensor:
     """a_{i,k} = full_i - dropped_{i,k}.
 
@@ -111,7 +120,7 @@ def loo_scores(model, prompts: list[list[int]], completions: list[list[int]], sp
     return combined[:, 0], combined[:, 1:]
 
 
-@register("loo", params=LOOParams, needs=("policy",))
+@register("loo", params=LOOParams, ranges=LOO_RANGES, needs=("policy",))
 def loo(batch: CreditBatch, *, policy, score: str, answer_segment: str, probe_template: Optional[str], beta: float,
         w_min: float, w_max: float, eps: float) -> Credit:
     """Leave-one-segment-out attributions of the forced answer, then the shared weight map.

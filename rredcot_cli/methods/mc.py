@@ -68,6 +68,20 @@ class MCParams:
     rows_per_forward: int = 64  # sequences decoded together (prefixes per chunk = rows // k)
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+MC_RANGES = {
+    "k": ">= 1",
+    "max_new_tokens": ">= 1",
+    "temperature": ">= 0; 0 is greedy",
+    "top_p": "(0, 1]",
+    "seed": ">= 0",
+    "mix_lambda": ">= 0",
+    "clip_reward": ">= 0; 0 turns it off",
+    "eps": "> 0",
+    "rows_per_forward": ">= 1",
+}
+
+
 def assemble_values(boundary_values: list[torch.Tensor], rewards: torch.Tensor, num_segments: torch.Tensor,
                     v0: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, S+1) V(S_0..S_K) from estimates at the inner boundaries.
@@ -152,7 +166,7 @@ def mc_reference_values(batch: CreditBatch, policy, *, k: int = 16, max_new_toke
     return assemble_values(estimates, batch.rewards, batch.num_segments, v0=v0)
 
 
-@register("mc", params=MCParams, needs=("policy",))
+@register("mc", params=MCParams, ranges=MC_RANGES, needs=("policy",))
 def mc(batch: CreditBatch, *, policy, k: int, max_new_tokens: int, temperature: float, top_p: float, seed: int,
        baseline: str, advantage: str, mix_lambda: float, clip_reward: float, eps: float,
        rows_per_forward: int) -> Credit:

@@ -53,6 +53,14 @@ class PPOParams:
     eps: float = 1e-8
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+PPO_RANGES = {
+    "gamma": "[0, 1]",
+    "lam": "[0, 1]",
+    "eps": "> 0",
+}
+
+
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B,) rewards, (B, T) bool mask -> (B, T) token rewards: R_i on completion i's last token."""
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32)
@@ -110,7 +118,7 @@ def segment_values_and_credits(values: torch.Tensor, deltas: torch.Tensor, rewar
     return seg_values, credits
 
 
-@register("ppo", params=PPOParams, needs=("critic",), batch_wide=True)  # whitening over the batch
+@register("ppo", params=PPOParams, ranges=PPO_RANGES, needs=("critic",), batch_wide=True)  # whitening over the batch
 def ppo(batch: CreditBatch, *, critic, gamma: float, lam: float, whiten: bool, eps: float) -> Credit:
     """GAE advantages from ``critic.values(prompt_ids, completion_ids) -> (B, T)``; see the module
     docstring. Defaults of the keyword arguments live in ``PPOParams``."""

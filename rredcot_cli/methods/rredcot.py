@@ -59,6 +59,16 @@ class RREDCoTParams:
     probe_scoring: str = "auto"
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+RREDCOT_RANGES = {
+    "mix_lambda": ">= 0",
+    "clip_reward": ">= 0; 0 turns it off",
+    "eps": "> 0",
+    "is_window": ">= 0; 0 is the whole suffix",
+    "is_clip": ">= 0; 0 turns it off",
+}
+
+
 def segment_rewards(values: torch.Tensor, num_segments: torch.Tensor) -> torch.Tensor:
     """values (B, S+1) holding V(S_0..S_K) -> r (B, S) with r_k = V_k - V_{k-1}, NaN past K_i."""
     r = values[:, 1:] - values[:, :-1]
@@ -130,7 +140,7 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
     return ends
 
 
-@register("rredcot", params=RREDCoTParams, needs=("policy",))
+@register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",))
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
             is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "auto") -> Credit:

@@ -62,6 +62,20 @@ class SCGRPOParams:
     kl_chunk: int = 1024  # positions per float32 log-softmax
 
 
+# Meaningful range of each numeric parameter (checked when the config is composed).
+SCGRPO_RANGES = {
+    "ref_seed": ">= 0",
+    "max_ref_tokens": ">= 0; 0 keeps the whole completion",
+    "top_k": ">= 0; 0 is the full vocabulary",
+    "gamma": "> 0",
+    "w_min": "(0, 1]",
+    "w_max": ">= 1",
+    "eps": "> 0",
+    "batch_size": ">= 1",
+    "kl_chunk": ">= 1",
+}
+
+
 def token_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor, kl_dir: str = "rev",
              top_k: int = 0) -> torch.Tensor:
     """(..., V) log-distributions -> (...) KL per position. ``rev``: KL(student || teacher),
@@ -142,7 +156,7 @@ def conditioned_kl(model, tokenizer, prompts: list[list[int]], teacher_prompts: 
     return out
 
 
-@register("sc_grpo", params=SCGRPOParams, needs=("policy",))
+@register("sc_grpo", params=SCGRPOParams, ranges=SCGRPO_RANGES, needs=("policy",))
 def sc_grpo(batch: CreditBatch, *, policy, header: str, footer: str, ref_pick: str, ref_seed: int,
             max_ref_tokens: int, kl_dir: str, top_k: int, gamma: float, w_min: float, w_max: float,
             scale_by_std: bool, eps: float, batch_size: int, kl_chunk: int) -> Credit:

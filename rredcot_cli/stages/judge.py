@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli import artifacts, runs
-from rredcot_cli.config import CONF_DIR, ConfigError
+from rredcot_cli.config import CONF_DIR, ConfigError, check_method_ranges
 from rredcot_cli.errors import one_line
 from rredcot_cli.stages.common import (
     console,
@@ -81,7 +81,9 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
                 OmegaConf.update(params, key, value, merge=True)
             except OmegaConfBaseException as e:
                 raise ConfigError(f"{prefix}{key}={value}: {one_line(str(e).splitlines()[0])}") from e
-    return OmegaConf.to_container(params, resolve=True, enum_to_str=True)
+    values = OmegaConf.to_container(params, resolve=True, enum_to_str=True)
+    check_method_ranges(name, values, f"judge.params.{name}.")
+    return values
 
 
 def seeded(params: dict[str, Any], seed: int) -> dict[str, Any]:
