@@ -7,7 +7,9 @@
 Each command composes the config (``rredcot_cli.config.compose``), then imports
 ``rredcot_cli.stages.<stage>`` and calls ``run(cfg, overrides)``. Mistakes a user can fix
 (``RredcotError``) are printed as one ``error: ...`` line on stderr with exit status 2; so
-is an ``OSError`` that names a file (disk full, no permission).
+is an ``OSError`` that names a file (disk full, no permission). Model and data paths and empty
+inputs are checked before the stage makes its folder (``rredcot_cli.preflight``); a stage that
+fails before writing any output leaves no folder behind.
 Importing this module is cheap: no torch, transformers, Hydra or pyarrow.
 """
 
@@ -103,11 +105,16 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
     A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2.
     """
     overrides = list(overrides or [])
+    if "rredcot_cli.runs" in sys.modules:  # a stage run earlier in this process keeps its folders
+        sys.modules["rredcot_cli.runs"]._FRESH_STAGES.clear()
     with _one_line_errors():
         cfg = compose(overrides)
         if print_config:
             _print_config(cfg)
             return
+        from rredcot_cli.preflight import check
+
+        check(stage, cfg)  # model and data paths, empty inputs: refused before a folder is made
         module_name = f"rredcot_cli.stages.{stage}"
         try:
             module = importlib.import_module(module_name)
@@ -126,13 +133,21 @@ def _one_line_errors() -> Iterator[None]:
     try:
         yield
     except RredcotError as e:
+        _discard_unstarted_stages()
         typer.echo(f"error: {one_line(e)}", err=True)
         raise typer.Exit(code=2) from None
     except OSError as e:
         if e.filename is None:
             raise
+        _discard_unstarted_stages()
         typer.echo(f"error: {os_error_message(e)}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _discard_unstarted_stages() -> None:
+    """A stage that failed before writing any output leaves no folder behind (``runs``)."""
+    if "rredcot_cli.runs" in sys.modules:
+        sys.modules["rredcot_cli.runs"].discard_unstarted_stages()
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)

@@ -498,10 +498,13 @@ def begin_stage(
         continuing = same and resume
         # Same options, but the last attempt did not finish: run (or, resuming, continue) it.
 
+    created = [p for p in [folder, *folder.parents] if not p.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise StorageError(os_error_message(e, folder, writing=True)) from e
+    if created:
+        _FRESH_STAGES.append((folder, created))
     remove_stale_temporaries(folder)
     atomic_write_text(folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_text(folder / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
@@ -523,6 +526,45 @@ def begin_stage(
         manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv)}]
     _write_manifest(folder, manifest)
     return StageOutput(folder, manifest)
+
+
+# Stage folders this process created (with the folders above them it created), for
+# ``discard_unstarted_stages``.
+_FRESH_STAGES: list[tuple[Path, list[Path]]] = []
+
+
+def _holds_nothing(path: Path, top: bool = True) -> bool:
+    """``path`` is a folder holding only the files ``begin_stage`` writes and empty folders."""
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            if not _holds_nothing(entry, top=False):
+                return False
+        elif not (top and entry.name in (CONFIG_FILE, OVERRIDES_FILE, MANIFEST)):
+            return False
+    return True
+
+
+def discard_unstarted_stages() -> list[Path]:
+    """Remove the stage folders this process created that hold nothing but ``begin_stage``'s own
+    files (a manifest still "running", config.yaml, overrides.yaml) and empty folders, with the
+    parent folders created for them when those are left empty: a stage that failed before
+    writing any output leaves nothing behind. Folders that existed before, or that hold any
+    output, are kept. Returns the stage folders removed."""
+    removed = []
+    while _FRESH_STAGES:
+        folder, created = _FRESH_STAGES.pop()
+        manifest = _read_manifest(folder) if folder.is_dir() else None
+        if manifest is None or manifest.get("status") != "running" or not _holds_nothing(folder):
+            continue
+        try:
+            shutil.rmtree(folder)
+            for parent in created[1:]:
+                if parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+        except OSError:
+            continue  # best effort: a folder we cannot remove stays, as it would have anyway
+        removed.append(folder)
+    return removed
 
 
 def find_input(cfg: DictConfig, artifact: str) -> Path:
