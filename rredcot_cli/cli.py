@@ -112,6 +112,10 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
         if print_config:
             _print_config(cfg)
             return
+        if cfg.train.step is not None:  # heatmap/attribute/judge on a step saved by `rredcot train`
+            from rredcot_cli.train_rollouts import step_view
+
+            cfg = step_view(cfg, stage)
         from rredcot_cli.preflight import check
 
         check(stage, cfg)  # model and data paths, empty inputs: refused before a folder is made

@@ -11,6 +11,11 @@ LR scheduler, RNG states (torch, numpy, python, the minibatch shuffler), the ste
 (the next training problem), the critic's state if there is one, and the metrics so far.
 ``train.resume=true`` continues an unfinished run from the latest one; since sampling seeds are
 derived from (seed, step), the resumed steps equal those of an uninterrupted run.
+``train.keep_checkpoints`` deletes all but the newest step-N checkpoints after each one.
+
+While it runs, rank 0 rewrites ``metrics.parquet`` (atomically) after every step, sends the row to
+the trackers of ``tracking=[...]`` (rredcot_cli/tracking.py), and every ``train.save_rollouts``
+steps keeps the step's samples, segments, credits and advantages (rredcot_cli/train_rollouts.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from rredcot_cli import artifacts, distributed, runs, trainable
+from rredcot_cli import artifacts, distributed, runs, tracking, train_rollouts, trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.precision import GradientStepper, dtype_of, make_optimizer, resolve_precision
@@ -53,7 +58,8 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 # resumed run (or one with another divergence limit, or with smaller micro-batches to fit in
 # memory) is the same run.
 UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "logprob_chunk_tokens",
-                       "gradient_checkpointing", "parallel", "dist_timeout_s")
+                       "gradient_checkpointing", "parallel", "dist_timeout_s", "save_rollouts", "keep_checkpoints",
+                       "step")
 STATE_FILE = "trainer_state.pt"
 # 2: the optimizer state is keyed by parameter names (distributed.DataParallel.optimizer_state),
 # so a checkpoint resumes in one process, under DDP or under FSDP2, at any world size.
@@ -68,6 +74,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
     t, s = cfg.train, cfg.sampling
     _check_options(t)
+    trackers_chosen = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
     parallel = _data_parallel(t, cfg.backend.name, precision)
     out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
@@ -79,7 +86,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if t.resume and state is None:
         console.print(f"train.resume=true: no resumable checkpoint in {checkpoints}; starting from step 0")
     if state is None and parallel.is_main:
-        _remove_step_checkpoints(checkpoints)  # they belong to the attempt this one replaces
+        # they belong to the attempt this one replaces
+        _remove_step_checkpoints(checkpoints)
+        shutil.rmtree(out.dir / train_rollouts.FOLDER, ignore_errors=True)
     parallel.barrier()
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
@@ -139,19 +148,23 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     batch_wide = spec.batch_wide or critic is not None
 
     def assign_credit(samples: list[dict]):
-        """The step's credit batch and credit. Under torchrun each rank scores a share of the
-        groups and the token advantages are all-gathered (a batch-wide method scores them all)."""
+        """The step's segments, credit batch and credit. Under torchrun each rank scores a share of
+        the groups and the token advantages, segment values and credits are all-gathered (a
+        batch-wide method scores them all)."""
         mine = samples if batch_wide else parallel.groups_share(samples)
         entropies = completion_entropies(policy, mine) if segment_needs_entropy and mine else None
         segments = segment_rows(mine, tokenizer, segmenter, cfg.segment.name, entropies=entropies, **segment_kwargs)
         batch = credit_batch(mine, segments, answer_probe=answer_probe)
         credit = attribute(spec, batch, params, collaborators) if mine else None
         if mine is samples:
-            return batch, credit
-        batch = credit_batch(samples, parallel.concat(segments), answer_probe=answer_probe)
-        mine_advantages = credit.token_advantages if credit is not None else torch.zeros(0, 0)
-        advantages = parallel.concat_rows(mine_advantages, batch.token_mask.shape[1])
-        return batch, Credit(token_advantages=advantages, segment_values=torch.empty(0), segment_credits=torch.empty(0))
+            return segments, batch, credit
+        segments = parallel.concat(segments)
+        batch = credit_batch(samples, segments, answer_probe=answer_probe)
+        mine_credit = credit or Credit(*(torch.zeros(0, 0),) * 3)  # a rank with no groups this step
+        return segments, batch, Credit(
+            token_advantages=parallel.concat_rows(mine_credit.token_advantages, batch.token_mask.shape[1]),
+            segment_values=parallel.concat_rows(mine_credit.segment_values, batch.max_segments, math.nan),
+            segment_credits=parallel.concat_rows(mine_credit.segment_credits, batch.max_segments, math.nan))
 
     def held_out_eval(step: int) -> tuple[list[dict], dict]:
         with autocast():
@@ -161,6 +174,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                             map_chunks=parallel.map_chunks)
 
     started = time.perf_counter()
+    metrics_path = out.dir / "metrics.parquet"
+    trackers = _open_trackers(trackers_chosen, cfg, out) if parallel.is_main else tracking.Trackers([])
     if state is None:
         _, eval_before = held_out_eval(0)
         console.print(f"held-out pass@1 before training: {eval_before['pass@1']:.3f}")
@@ -188,7 +203,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             stats, critic_stats = _NO_UPDATE, None
             if samples:
                 with autocast():
-                    batch, credit = assign_credit(samples)
+                    segments, batch, credit = assign_credit(samples)
                 policy.backend.sleep()  # a vLLM engine frees its weights and KV cache until the sync
                 stats = policy_update(
                     trained, optimizer, scheduler,
@@ -232,6 +247,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 _, summary = held_out_eval(step)
                 row["eval_accuracy"] = summary["pass@1"]
             history.append(row)
+            if parallel.is_main:  # rank 0 writes every artifact, each as soon as its step ends
+                artifacts.write_artifact("train_metrics", history, metrics_path)
+                trackers.log(row, step)
+                if samples and train_rollouts.is_due(step, t.save_rollouts):
+                    train_rollouts.save(out.dir, step, samples=samples, segments=segments, batch=batch, credit=credit,
+                                        method=spec.name, config_hash=out.manifest["config_hash"])
             streak = stats.trailing_skipped if stats.updates else streak + stats.skipped
             skipped_total += stats.skipped
             if stats.skipped:
@@ -246,10 +267,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 started = time.perf_counter()
                 _save_state(checkpoints / f"step-{step:06d}", trained, plain, parallel, tokenizer, optimizer,
                             scheduler, generator, critic, stepper, progress, out.manifest["config_hash"])
-            info = f"reward {row['reward_mean']:.2f}"
-            if row["eval_accuracy"] is not None:
-                info += f"  eval {row['eval_accuracy']:.3f}"
-            advance(1, info=info)
+                if parallel.is_main:
+                    _prune_step_checkpoints(checkpoints, t.keep_checkpoints)
+            advance(1, info=_progress_info(row, tokens))
 
     final_dir = checkpoints / "final"
     if parallel.is_main:
@@ -260,14 +280,17 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         parallel.barrier()
         parallel.close()
         return
-    metrics_path = artifacts.write_artifact("train_metrics", history, out.dir / "metrics.parquet")
+    trackers.close()
+    artifacts.write_artifact("train_metrics", history, metrics_path)
     eval_path = artifacts.write_artifact("eval", eval_rows_after, out.dir / "eval.parquet")
     summary = {"method": spec.name, "steps": t.steps, "seconds": seconds, "generated_tokens": tokens_seen,
                "skipped_updates": skipped_total, "eval_before": eval_before, "eval_after": eval_after,
-               "checkpoint": str(final_dir)}
+               "checkpoint": str(final_dir), "tracking": _tracking_record(trackers_chosen, out),
+               "saved_rollouts": train_rollouts.saved_steps(out.dir)}
     runs.atomic_write_text(out.dir / "summary.json", json.dumps(summary, indent=2))
     out.finish({"metrics": metrics_path, "eval": eval_path, "summary": out.dir / "summary.json"},
-               extra={"seconds": seconds, "resumed_from_step": first_step - 1 if state is not None else None})
+               extra={"seconds": seconds, "resumed_from_step": first_step - 1 if state is not None else None,
+                      "tracking": summary["tracking"]})
     _print_summary(spec.name, history, eval_before, eval_after, seconds, final_dir)
     parallel.barrier()
     parallel.close()
@@ -293,6 +316,38 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
     hashed = OmegaConf.create(container)
     OmegaConf.set_readonly(hashed, True)
     return hashed
+
+
+def _progress_info(row: dict, step_tokens: int) -> str:
+    """The progress line's view of a finished step: reward, accuracy, KL, tokens/s (and eval)."""
+    info = f"reward {row['reward_mean']:.2f}  acc {row['accuracy']:.2f}"
+    info += f"  kl {row['kl']:.4f}" if math.isfinite(row["kl"]) else "  kl -"
+    info += f"  {step_tokens / max(row['seconds'], 1e-9):,.0f} tok/s"
+    if row["eval_accuracy"] is not None:
+        info += f"  eval {row['eval_accuracy']:.3f}"
+    return info
+
+
+def _run_id(out) -> str:
+    """An id for the trackers that stays the same when this train folder's attempt is resumed."""
+    import hashlib
+
+    key = f"{out.dir.resolve()}|{out.manifest['created']}"
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _tracking_record(names: list[str], out) -> dict | None:
+    return {"trackers": names, "run_id": _run_id(out)} if names else None
+
+
+def _open_trackers(names: list[str], cfg: DictConfig, out) -> tracking.Trackers:
+    if not names:
+        return tracking.Trackers([])
+    run_id = _run_id(out)
+    trackers = tracking.open_trackers(names, out.dir, config=OmegaConf.to_container(cfg, resolve=True),
+                                      run_id=run_id, run_name=out.dir.parent.name)
+    console.print(f"tracking: {', '.join(names)} (run id {run_id})")
+    return trackers
 
 
 def _stop_diverged(folder, history, step, streak, limit, write: bool = True) -> None:
@@ -412,6 +467,17 @@ def _remove_step_checkpoints(checkpoints) -> None:
     """Delete ``step-N`` checkpoints left by an earlier attempt this one replaces (a later resume
     must never pick them up)."""
     for folder in checkpoints.glob("step-*") if checkpoints.is_dir() else []:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _prune_step_checkpoints(checkpoints, keep: int) -> None:
+    """Delete all but the ``keep`` newest ``step-N`` checkpoints (0: keep all); ``final`` and
+    anything else in the folder stay. The newest is always kept, so a resume still finds it."""
+    if keep <= 0 or not checkpoints.is_dir():
+        return
+    found = sorted((int(m.group(1)), folder) for folder in checkpoints.iterdir()
+                   if (m := re.fullmatch(r"step-(\d+)", folder.name)))
+    for _, folder in found[:-keep]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
