@@ -172,14 +172,17 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
 
 
 def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
-    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows (a missing one
-    raises the usual ``find_input`` error; an unreadable one is left to the stage's reader)."""
+    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows (a missing or
+    unreadable one is left to the stage, which says how to make it or what is wrong)."""
     import pyarrow.parquet as pq
 
     from rredcot_cli import runs
     from rredcot_cli.artifacts import get_spec
 
-    path = runs.find_input(cfg, artifact)
+    try:
+        path = runs.find_input(cfg, artifact)
+    except ArtifactError:
+        return  # missing: the stage says how to make it
     try:
         rows = pq.read_metadata(path).num_rows
     except Exception:  # noqa: BLE001 - the stage's reader names what is wrong with it
