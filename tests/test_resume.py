@@ -1,6 +1,7 @@
 """Resume: a CPU training run killed with SIGKILL and resumed with train.resume=true ends with the
-same metrics, held-out eval and final weights as an uninterrupted run with the same seed; plus
-the pieces resuming relies on (which checkpoint is picked, refusing other options)."""
+same metrics, held-out eval and final weights as an uninterrupted run with the same seed, also
+when train.keep_checkpoints deleted the older step checkpoints; plus the pieces resuming relies on
+(which checkpoint is picked, refusing other options)."""
 
 import json
 import os
@@ -55,7 +56,8 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     finish(rredcot("train", f"run.dir={whole}", *TINY, cwd=tmp_path))
 
-    process = rredcot("train", f"run.dir={killed}", *TINY, cwd=tmp_path)
+    # keep_checkpoints=1: each step checkpoint deletes the one before (not part of the run's identity)
+    process = rredcot("train", f"run.dir={killed}", *TINY, "train.keep_checkpoints=1", cwd=tmp_path)
     first_state = killed / "train" / "checkpoints" / "step-000002"  # appears complete (atomic rename)
     deadline = time.monotonic() + 300
     while not first_state.exists():
@@ -65,12 +67,14 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.communicate()
     assert process.returncode == -signal.SIGKILL
-    # Killed mid-run: nothing final was written and the manifest says so.
+    # Killed mid-run: nothing final was written and the manifest says so; metrics.parquet holds
+    # the steps that finished.
     assert json.loads((killed / "train" / "manifest.json").read_text())["status"] == "running"
-    assert not (killed / "train" / "metrics.parquet").exists()
+    assert metrics_without_clock(killed)[:2] == metrics_without_clock(whole)[:2]
     assert not (killed / "train" / "checkpoints" / "final").exists()
 
-    log = finish(rredcot("train", f"run.dir={killed}", *TINY, "train.resume=true", cwd=tmp_path))
+    log = finish(rredcot("train", f"run.dir={killed}", *TINY, "train.resume=true", "train.keep_checkpoints=1",
+                         cwd=tmp_path))
     resumed_from = int(re.search(r"from step (\d+) of 6", " ".join(log.split())).group(1))
     assert 2 <= resumed_from < 6
 
@@ -87,6 +91,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     manifest = json.loads((killed / "train" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and len(manifest["resumed"]) == 1
     assert manifest["extra"]["resumed_from_step"] == resumed_from
+    assert sorted(p.name for p in (killed / "train" / "checkpoints").iterdir()) == ["final", "step-000004"]
     # The resumed run has the same identity: rerunning without resume=true skips it.
     log = finish(rredcot("train", f"run.dir={killed}", *TINY, cwd=tmp_path))
     assert "up to date" in log

@@ -472,13 +472,17 @@ def _remove_step_checkpoints(checkpoints) -> None:
 
 def _prune_step_checkpoints(checkpoints, keep: int) -> None:
     """Delete all but the ``keep`` newest ``step-N`` checkpoints (0: keep all); ``final`` and
-    anything else in the folder stay. The newest is always kept, so a resume still finds it."""
+    anything else in the folder stay. The newest is always kept, so a resume still finds it. Each
+    is renamed to a temporary name first, so a kill mid-delete leaves no half checkpoint that a
+    resume could pick (a restart deletes the leftover)."""
     if keep <= 0 or not checkpoints.is_dir():
         return
     found = sorted((int(m.group(1)), folder) for folder in checkpoints.iterdir()
                    if (m := re.fullmatch(r"step-(\d+)", folder.name)))
     for _, folder in found[:-keep]:
-        shutil.rmtree(folder, ignore_errors=True)
+        doomed = folder.with_name(f"{folder.name}{runs.TMP_MARK}pruned")
+        folder.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def training_samples(draw: Callable[[list, int], list[dict]], problems: list, cursor: int, per_step: int, *,
