@@ -211,12 +211,15 @@ def report(
     ],
     out: Annotated[Path, typer.Option("--out", help="Folder for report.md, report.csv and the PNG plots.")] = Path(
         "runs/report"),
+    skip_unfinished: Annotated[bool, typer.Option(
+        "--skip-unfinished", help="Leave out run dirs whose train stage did not finish (named in one line) "
+        "instead of failing, e.g. over a sweep with cells still running or failed.")] = False,
 ) -> None:
     """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
     with _one_line_errors():
         from rredcot_cli.stages import report as report_stage
 
-        report_stage.run(run_dirs, out)
+        report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished)
 
 
 def main() -> None:

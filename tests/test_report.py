@@ -272,6 +272,38 @@ def test_unfinished_manifest_is_refused(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_skip_unfinished_leaves_out_and_names_unfinished_run_dirs(tmp_path):
+    """A sweep with a cell still running and a cell that never started training: --skip-unfinished
+    reports the finished runs and names the others in one line (and at the end of report.md)."""
+    a = write_run(tmp_path / "grpo-seed0", "grpo", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS)
+    b = write_run(tmp_path / "grpo-seed1", "grpo", 1, {0: 0.5, 1: 0.7}, EVAL_ROWS)
+    running = write_run(tmp_path / "rredcot-seed0", "rredcot", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS, status="running")
+    never = tmp_path / "rredcot-seed1"
+    (never / "sample").mkdir(parents=True)
+    out = tmp_path / "out"
+    refused = invoke("report", a, b, running, never, "--out", out)
+    assert refused.exit_code == 2 and "or pass --skip-unfinished" in refused.stderr
+    result = invoke("report", a, b, running, never, "--out", out, "--skip-unfinished")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"skipping 2 unfinished run dir(s) (train did not finish): {running}, {never}\n"
+    report = (out / "report.md").read_text()
+    assert "2 training runs in 1 groups" in report
+    assert f"Left out (`--skip-unfinished`; their train stage did not finish): `{running}`, `{never}`." in report
+    [row] = list(csv.DictReader((out / "report.csv").open()))
+    assert (row["method"], row["seeds"]) == ("grpo", "0 1")
+
+
+def test_skip_unfinished_still_refuses_missing_paths_and_all_unfinished(tmp_path):
+    running = write_run(tmp_path / "a", "grpo", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS, status="running")
+    missing = invoke("report", running, tmp_path / "typo", "--out", tmp_path / "out", "--skip-unfinished")
+    assert missing.exit_code == 2 and missing.stderr == f"error: {tmp_path / 'typo'}: no such run directory\n"
+    none_left = invoke("report", running, "--out", tmp_path / "out", "--skip-unfinished")
+    assert none_left.exit_code == 2
+    assert none_left.stderr == f"error: none of the 1 run dir(s) has a finished train stage ({running}); " \
+                               "nothing to report\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_mixed_benchmarks_are_refused(tmp_path):
     a = write_run(tmp_path / "a", "grpo", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS)
     b = write_run(tmp_path / "b", "grpo", 1, {0: 0.5, 1: 0.6}, EVAL_ROWS, config_extra={"benchmark.name": "gsm8k"})

@@ -47,6 +47,11 @@ ID_COLUMNS = {"prompt_id", "sample_idx", "segment_idx", "step", "seed", "batch"}
 MAX_KEY_VALUES = 20  # a string column with more distinct values is an id, not a key
 
 
+class UnfinishedRunError(RunError):
+    """A run dir whose train stage did not finish (no train/ folder, a manifest not "complete",
+    or missing files); ``rredcot report --skip-unfinished`` leaves such runs out."""
+
+
 @dataclass
 class RunResult:
     """One finished training run, as the report needs it."""
@@ -118,6 +123,7 @@ class Report:
     credit_quality: list[dict[str, Any]]  # rows: group, source, key columns, measures (Stat)
     credit_quality_columns: dict[str, tuple[list[str], list[str]]]  # source -> (key columns, measures)
     attribute_costs: list[dict[str, Any]]
+    skipped: list[Path] = field(default_factory=list)  # run dirs left out: train did not finish
 
 
 # --------------------------------------------------------------------------- loading
@@ -136,7 +142,7 @@ def _train_dir(path: Path) -> tuple[Path, Path]:
         tagged = sorted(p.name for p in path.glob("train-*") if p.is_dir())
         hint = f" (it has {', '.join(tagged)}: pass {path / tagged[0]} to use a tagged run)" if tagged else \
             f" (run `rredcot train run.dir={path}` first)"
-        raise RunError(f"{path} has no finished train stage: no train/ folder{hint}")
+        raise UnfinishedRunError(f"{path} has no finished train stage: no train/ folder{hint}")
     return path, train
 
 
@@ -156,10 +162,11 @@ def _check_finished(train: Path) -> None:
     missing = [name for name in TRAIN_FILES if not (train / name).is_file()]
     manifest = _read_manifest(train)
     if manifest is not None and manifest.get("status") != "complete":
-        raise RunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
-                       f"{manifest.get('status')!r} (still running, or it stopped); finish or rerun it")
+        raise UnfinishedRunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
+                                 f"{manifest.get('status')!r} (still running, or it stopped); finish or rerun it, "
+                                 f"or pass --skip-unfinished")
     if missing:
-        raise RunError(f"{train} is not a finished train stage: missing {', '.join(missing)}")
+        raise UnfinishedRunError(f"{train} is not a finished train stage: missing {', '.join(missing)}")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -243,8 +250,13 @@ def _stage_costs(run_dir: Path) -> tuple[dict[str, float], float | None]:
     return costs, (float(sample_seconds) if sample_seconds is not None else None)
 
 
-def load_runs(paths: Sequence[str | Path]) -> list[RunResult]:
-    """Load every run (each path once); one ``RunError`` lists all unfinished or missing ones."""
+def load_runs(paths: Sequence[str | Path], skip_unfinished: bool = False,
+              skipped: list[Path] | None = None) -> list[RunResult]:
+    """Load every run (each path once); one ``RunError`` lists all unfinished or missing ones.
+
+    With ``skip_unfinished`` a run dir whose train stage did not finish is left out and appended
+    to ``skipped`` instead (a path that does not exist is still an error); ``RunError`` when no
+    finished run is left."""
     if not paths:
         raise RunError("no run directories given")
     seen, unique = set(), []
@@ -252,15 +264,25 @@ def load_runs(paths: Sequence[str | Path]) -> list[RunResult]:
         if Path(p).resolve() not in seen:
             seen.add(Path(p).resolve())
             unique.append(Path(p))
-    results, problems = [], []
+    results, problems, left_out = [], [], []
     for p in unique:
         try:
             results.append(load_run(p))
+        except UnfinishedRunError as e:
+            if skip_unfinished:
+                left_out.append(p)
+            else:
+                problems.append(str(e))
         except RunError as e:
             problems.append(str(e))
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise RunError("; ".join(problems[:3]) + more)
+    if skipped is not None:
+        skipped.extend(left_out)
+    if not results:
+        raise RunError(f"none of the {len(unique)} run dir(s) has a finished train stage "
+                       f"({', '.join(map(str, left_out[:3]))}{', ...' if len(left_out) > 3 else ''}); nothing to report")
     check_same_benchmark(results)
     return results
 
@@ -444,9 +466,11 @@ def attribute_cost_summary(groups: Sequence[GroupSummary]) -> list[dict[str, Any
     return rows
 
 
-def build_report(paths: Sequence[str | Path]) -> Report:
-    """Load, group and aggregate the runs at ``paths``."""
-    results = load_runs(paths)
+def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False) -> Report:
+    """Load, group and aggregate the runs at ``paths`` (``skip_unfinished``: leave out run dirs
+    whose train stage did not finish, listed in ``Report.skipped``)."""
+    skipped: list[Path] = []
+    results = load_runs(paths, skip_unfinished=skip_unfinished, skipped=skipped)
     assign_labels(results)
     grouped: dict[str, list[RunResult]] = {}
     for r in results:
@@ -455,7 +479,7 @@ def build_report(paths: Sequence[str | Path]) -> Report:
     quality, quality_columns = credit_quality_summary(groups)
     return Report(runs=results, groups=groups, benchmark=results[0].config.get("benchmark", {}),
                   credit_quality=quality, credit_quality_columns=quality_columns,
-                  attribute_costs=attribute_cost_summary(groups))
+                  attribute_costs=attribute_cost_summary(groups), skipped=skipped)
 
 
 # --------------------------------------------------------------------------- tables
@@ -539,6 +563,9 @@ def render_markdown(report: Report) -> str:
           f"{r.summary['eval_after']['pass@1']:.3f}", f"{float(r.summary.get('seconds', math.nan)):.0f}",
           r.summary.get("generated_tokens", "")]
          for g in report.groups for r in g.runs])]
+    if report.skipped:
+        parts.append(f"Left out (`--skip-unfinished`; their train stage did not finish): "
+                     f"{', '.join(f'`{p}`' for p in report.skipped)}.")
     return "\n\n".join(parts) + "\n"
 
 

@@ -4,7 +4,9 @@ Unlike the other stages it takes run dirs, not a config: it reads each ``<run>/t
 ``rredcot_cli.report.compare``) and writes ``report.md``, ``report.csv``,
 ``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out`` (default ``runs/report``),
 rewritten atomically on every call, then prints the main table. A run dir without a finished
-train stage, or runs on different benchmarks, stop it with one line (``RunError``).
+train stage, or runs on different benchmarks, stop it with one line (``RunError``); with
+``--skip-unfinished`` unfinished run dirs are left out and named instead (a sweep still running,
+or cells that failed).
 """
 
 from __future__ import annotations
@@ -18,11 +20,18 @@ from rich.table import Table
 DEFAULT_OUT = Path("runs/report")
 
 
-def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT) -> list[Path]:
-    """Build the report over ``run_dirs``, write it into ``out`` and print its table; returns the files."""
+def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfinished: bool = False) -> list[Path]:
+    """Build the report over ``run_dirs``, write it into ``out`` and print its table; returns the files.
+
+    ``skip_unfinished``: leave out run dirs whose train stage did not finish (named in one line on
+    stderr and at the end of report.md) instead of failing."""
     from rredcot_cli.report.compare import build_report, summary_rows, write_report
 
-    report = build_report(run_dirs)
+    report = build_report(run_dirs, skip_unfinished=skip_unfinished)
+    if report.skipped:
+        Console(stderr=True, soft_wrap=True).print(
+            f"skipping {len(report.skipped)} unfinished run dir(s) (train did not finish): "
+            f"{', '.join(map(str, report.skipped))}", markup=False, highlight=False)
     written = write_report(report, out)
     header, rows = summary_rows(report)
     table = Table(title=f"rredcot report · {report.benchmark.get('name')} · {len(report.runs)} runs",
