@@ -225,7 +225,7 @@ CLI = [
     "train.steps=3", "train.save_every=1", "train.prompts_per_step=4", "train.minibatch_size=8",
     "train.updates_per_batch=2", "train.lr=3e-5", "train.lr_schedule=constant", "train.warmup_steps=1",
     "train.eval_every=3", "train.eval_problems=4", "train.eval_samples=2", "backend.batch_size=8",
-    "train.micro_batch_size=3", "train.dist_timeout_s=120",
+    "train.micro_batch_size=3", "train.dist_timeout_s=120", "train.save_rollouts=2",
 ]
 
 
@@ -268,6 +268,13 @@ def _assert_same_run(run: Path, reference: Path) -> None:
     # The same artifacts, written once.
     names = sorted(p.relative_to(reference).as_posix() for p in (reference / "train").rglob("*") if p.is_file())
     assert sorted(p.relative_to(run).as_posix() for p in (run / "train").rglob("*") if p.is_file()) == names
+    # The saved rollouts hold every group's segment credit, gathered from the ranks that scored them.
+    for name in (n for n in names if n.endswith("credits.parquet")):
+        got_credit, want_credit = (pq.read_table(r / name).to_pylist() for r in (run, reference))
+        assert [(c["prompt_id"], c["sample_idx"], c["segment_idx"]) for c in got_credit] == \
+            [(c["prompt_id"], c["sample_idx"], c["segment_idx"]) for c in want_credit]
+        for field in ("credit", "value"):
+            assert [c[field] for c in got_credit] == pytest.approx([c[field] for c in want_credit], abs=1e-5), name
     summary = json.loads((run / "train" / "summary.json").read_text())
     assert summary["eval_after"]["pass@1"] == pytest.approx(
         json.loads((reference / "train" / "summary.json").read_text())["eval_after"]["pass@1"])
