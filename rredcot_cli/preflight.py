@@ -48,7 +48,11 @@ BENCHMARK_SPLITS = {  # stage -> the config keys naming the splits it reads
 def check(stage: str, cfg: DictConfig) -> None:
     """Refuse, in one line, what would fail after ``stage`` made its folder (see the module doc)."""
     if _loads_model(stage, cfg):
-        check_model_path(cfg.model.path, "model.path", weights=not _tokenizer_only(stage, cfg))
+        tokenizer_only = _tokenizer_only(stage, cfg)
+        check_model_path(cfg.model.path, "model.path", weights=not tokenizer_only)
+        if not tokenizer_only and cfg.backend.name == "hf" and cfg.backend.batch_size < 1:
+            raise ConfigError(f"backend.batch_size={cfg.backend.batch_size}: the hf backend needs at least 1 "
+                              "sequence per generate call (0, all prompts in one call, is for backend=vllm)")
         _check_critic_init(stage, cfg)
     if stage in BENCHMARK_SPLITS:
         check_benchmark(cfg, [_select(cfg, key) for key in BENCHMARK_SPLITS[stage]])

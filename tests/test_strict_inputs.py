@@ -245,6 +245,13 @@ def test_attribute_checks_the_model_only_for_model_based_methods(tmp_path):
     assert code == 2 and "no samples.parquet in" in one_error_line(stderr)  # the model is not needed
 
 
+def test_a_batch_size_only_vllm_takes_is_refused_before_the_run_folder(tmp_path):
+    code, stderr = rredcot("sample", f"run.dir={tmp_path / 'run'}", "backend.batch_size=0")
+    assert code == 2
+    assert one_error_line(stderr).startswith("error: backend.batch_size=0: the hf backend needs at least 1 sequence")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_critic_is_refused_before_the_run_folder(tmp_path):
     code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "method=ppo", "critic.init=nowhere/critic.pt")
     assert code == 2
