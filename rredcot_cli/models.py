@@ -27,7 +27,8 @@ from transformers import (
 )
 
 EMBEDDED_MODEL = "embedded"
-EMBEDDED_DIR = Path(__file__).parent / "assets" / "tiny-chain"
+ASSETS_DIR = Path(__file__).parent / "assets"
+EMBEDDED_DIR = ASSETS_DIR / "tiny-chain"
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -114,11 +115,23 @@ def build_tiny_model(
     return model
 
 
+def shipped_model_dir(name: str) -> Path | None:
+    """The folder of a model shipped in ``rredcot_cli/assets`` named ``name`` (``tiny-chain``,
+    ``tiny-chain-long``; ``embedded`` is ``tiny-chain``), or None for anything else. A shipped
+    name wins over a folder of the same name in the working directory: write ``./NAME`` for that."""
+    if name == EMBEDDED_MODEL:
+        return EMBEDDED_DIR
+    if not name or any(c in name for c in "/\\") or name.startswith("."):
+        return None
+    folder = ASSETS_DIR / name
+    return folder if (folder / "config.json").is_file() else None
+
+
 def resolve_model_path(path: str) -> str:
-    """``"embedded"`` -> the checkpoint folder shipped in the package; anything else unchanged."""
-    if path == EMBEDDED_MODEL:
-        return str(EMBEDDED_DIR)
-    return path
+    """A shipped model's name (``embedded``, ``tiny-chain-long``) -> its folder in the package;
+    anything else (a folder, a hub id) unchanged."""
+    shipped = shipped_model_dir(path)
+    return str(shipped) if shipped is not None else path
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -99,10 +99,10 @@ def _looks_local(path: str) -> bool:
 def check_model_path(path: str, key: str = "model.path", weights: bool = True) -> None:
     """``ConfigError`` when ``path`` is a local folder that holds no loadable model (config.json,
     weights unless ``weights`` is False, a tokenizer), a file, or a local-looking path that does
-    not exist; hub ids and ``embedded`` pass (the loader reports what is wrong with them)."""
-    from rredcot_cli.models import EMBEDDED_MODEL
+    not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain-long``) pass (the loader reports what is wrong with them)."""
+    from rredcot_cli.models import shipped_model_dir
 
-    if path == EMBEDDED_MODEL:
+    if shipped_model_dir(path) is not None:
         return
     folder = Path(path).expanduser()
     if not folder.exists():

@@ -108,6 +108,11 @@ def test_resolve_model_path():
     assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert resolve_model_path("/some/dir") == "/some/dir"
     assert Path(resolve_model_path(EMBEDDED_MODEL)).name == "tiny-chain"
+    # Shipped models go by their asset names; other bare names are hub ids, paths stay paths.
+    assert resolve_model_path("tiny-chain") == resolve_model_path(EMBEDDED_MODEL)
+    assert resolve_model_path("gpt2") == "gpt2"
+    assert resolve_model_path("./tiny-chain") == "./tiny-chain"
+    assert resolve_model_path("..") == ".."
 
 
 def test_embedded_checkpoint_loads():

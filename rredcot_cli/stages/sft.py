@@ -48,12 +48,12 @@ def _init_path(init: str | None) -> str | None:
     from pathlib import Path
 
     from rredcot_cli.errors import RredcotError
+    from rredcot_cli.models import shipped_model_dir
 
     if not init:
         return None
-    shipped = Path(__file__).resolve().parents[1] / "assets" / init
-    folder = shipped if "/" not in init and shipped.is_dir() else Path(init)
+    folder = shipped_model_dir(init) or Path(init)
     if not (folder / "config.json").is_file():
         raise RredcotError(f"sft.init={init}: no model there (no config.json); give a model folder or a shipped "
-                           f"model's name (tiny-chain)")
+                           f"model's name (tiny-chain, tiny-chain-long)")
     return str(folder)
