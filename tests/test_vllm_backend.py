@@ -404,6 +404,22 @@ def test_real_per_request_seeds(engine, prompts):
 
 
 @pytest.mark.vllm
+def test_real_seeded_call_larger_than_one_step(engine, prompts):
+    """Seeded prompts whose tokens exceed one engine step's budget (the ladder's 64 x 8 eval):
+    vLLM 0.32's chunked prefill rewound a CPU generator and crashed ("CPU Generator does not use
+    offset"); the CPU engine prefills whole prompts, and each sample still depends only on its seed."""
+    _, vb = engine
+    budget = vb.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    many = prompts * (budget // min(len(p) for p in prompts) // len(prompts) + 2)
+    assert sum(len(p) for p in many) > budget
+    params = SamplingParams(n=2, max_new_tokens=3, temperature=1.0)
+    groups = vb.generate(many, params, seed=9)
+    assert len(groups) == len(many) and all(len(g) == 2 for g in groups)
+    alone = vb.generate(prompts[:1], params, seed=9)
+    assert [c.token_ids for c in groups[0]] == [c.token_ids for c in alone[0]]
+
+
+@pytest.mark.vllm
 def test_real_logprobs_and_score_match_hf_at_temperature_1(engine, prompts):
     hf, vb = engine
     groups = vb.generate(prompts, SamplingParams(n=2, max_new_tokens=32, temperature=1.0), seed=3)

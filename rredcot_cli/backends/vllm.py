@@ -216,6 +216,12 @@ class VLLMBackend:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if on_cpu:
+            # A chunked prefill discards the token sampled for a half-prefilled request and rewinds
+            # that request's generator (vLLM 0.32 gpu_model_runner._bookkeeping_sync), which a CPU
+            # torch.Generator cannot do ("CPU Generator does not use offset"): any seeded batch
+            # whose prompts exceed one step's token budget crashed. Whole-prompt prefills avoid it.
+            kwargs["enable_chunked_prefill"] = False
         self.llm = vllm.LLM(**kwargs)
         if tokenizer is None:
             from transformers import AutoTokenizer
