@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot_cli.benchmarks.base import StepCheckedBenchmark
-from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
+from rredcot_cli.benchmarks.synthetic import ChainBenchmark, IndexedChainBenchmark, SearchBenchmark
 
-BENCHMARKS = [ChainBenchmark, SearchBenchmark]
+BENCHMARKS = [ChainBenchmark, IndexedChainBenchmark, SearchBenchmark]
 
 
 @pytest.mark.parametrize("cls", BENCHMARKS)
@@ -130,6 +130,24 @@ def test_search_example_and_checker():
     # claiming success too early
     assert bench.first_wrong_step("\n".join([lines[0], lines[1][:-3] + " yes", f"Answer: 1"]), p) == 1
     assert bench.first_wrong_step("\n".join(lines[:3]), p) == 3
+
+
+def test_indexed_chain_is_chain_with_numbers():
+    """chain_indexed: the same arithmetic as chain, each operation and step line numbered; a step
+    with the right arithmetic but the wrong number is a wrong step."""
+    bench = IndexedChainBenchmark(min_steps=12, max_steps=12)
+    p = bench.load("test", 1)[0]
+    ops = p.meta["ops"]
+    assert p.question == f"Compute mod 10: {p.meta['start']} " + " ".join(f"{i}:{op}" for i, op in enumerate(ops, 1))
+    plain = ChainBenchmark()._lines(p, 0.0, None)[0]  # the chain lines of the same problem
+    lines = bench.solution(p).split("\n")
+    assert lines[:-1] == [f"{i}: {line}" for i, line in enumerate(plain, 1)]
+    assert lines[-1] == f"Answer: {p.gold_answer}" and bench.verify(bench.solution(p), p) == 1.0
+    renumbered = list(lines)
+    renumbered[10] = "12" + lines[10][2:]  # step 11 written as step 12
+    assert bench.first_wrong_step("\n".join(renumbered), p) == 10
+    # ~10 characters (tokens of the char tokenizer) a step line
+    assert 9 * 12 <= len(bench.solution(p)) <= 11 * 12 + 12
 
 
 @pytest.mark.parametrize("cls", BENCHMARKS)

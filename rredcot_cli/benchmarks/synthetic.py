@@ -1,4 +1,4 @@
-"""Two deterministic synthetic benchmarks whose chains can be checked line by line.
+"""Deterministic synthetic benchmarks whose chains can be checked line by line.
 
 ``chain`` (chained arithmetic mod 10; an error anywhere ruins the answer)::
 
@@ -8,6 +8,9 @@
                  0-8=2
                  2+5=7
                  Answer: 7
+
+``chain_indexed`` is ``chain`` with numbered operations and step lines (for long chains, see
+``IndexedChainBenchmark``).
 
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
 
@@ -227,6 +230,36 @@ class ChainBenchmark(_SyntheticBase):
             lines.append(f"{value}{op}{b}={new}")
             value = new
         return lines, str(value)
+
+
+class IndexedChainBenchmark(ChainBenchmark):
+    """``chain`` with numbered operations, for long chains: the prompt numbers each operation
+    and each step line starts with its number::
+
+        prompt:      Compute mod 10: 7 1:+3 2:*4 3:-8
+        completion:  1: 7+3=0
+                     2: 0*4=0
+                     3: 0-8=2
+                     Answer: 2
+
+    Why: in ``chain`` a model finds the operation of step k by counting operations in the prompt,
+    which a tiny model does not learn beyond the lengths it was trained on (a fine-tune of the
+    shipped model on 20-90 steps reached 5-8% at every length, docs/long-chains.md). Here it
+    writes k (one more than the previous line's) and looks up ``k:`` in the prompt, a
+    match by content that does not depend on the chain's length. A step line is ~10 tokens, so
+    50 steps make a ~520-token completion.
+    """
+
+    name = "chain_indexed"
+
+    def _sample(self, rng: random.Random, steps: int) -> tuple[str, str, dict]:
+        _, answer, meta = super()._sample(rng, steps)
+        numbered = " ".join(f"{i}:{item}" for i, item in enumerate(meta["ops"], start=1))
+        return f"{self._PROMPT_HEAD} {meta['start']} {numbered}", answer, meta
+
+    def _lines(self, problem: Problem, error_rate: float, rng: random.Random | None) -> tuple[list[str], str]:
+        lines, answer = super()._lines(problem, error_rate, rng)
+        return [f"{i}: {line}" for i, line in enumerate(lines, start=1)], answer
 
 
 class SearchBenchmark(_SyntheticBase):
