@@ -4,12 +4,12 @@
 #
 #   scripts/ladder.sh                              # both shipped models, vLLM on the CPU
 #   BACKEND=hf PROBLEMS=16 scripts/ladder.sh       # a quick look with the HF backend
-#   LONG=runs/tiny-chain-indexed/sft/model scripts/ladder.sh   # a freshly trained long-chain model
+#   LONG=runs/tiny-chain-iterated/sft/model scripts/ladder.sh   # a freshly trained long-chain model
 #
 # Rungs: R1 and R2 are the plain `chain` task with the shipped tiny-chain; R3 and R4 are
-# `chain_indexed` (numbered steps, ~10 tokens a step) with tiny-chain-long. Each model is also
-# measured on the other model's lengths where that says something (tiny-chain on long plain
-# chains: the length cliff; tiny-chain-long on short indexed chains: accuracy by length).
+# `chain_iterated` (one map applied again and again, ~11 tokens a step) with tiny-chain-long. Each model is also
+# measured on other lengths where that says something (tiny-chain on long plain chains: the
+# length cliff; tiny-chain-long on shorter and longer iterated chains: accuracy by length).
 #
 # Environment:
 #   LONG      the long-chain model (default: the shipped tiny-chain-long); skipped if absent
@@ -33,11 +33,11 @@ LADDER=(
   "embedded tiny-chain chain R1 4 12"
   "embedded tiny-chain chain R2 14 20"
   "embedded tiny-chain chain plain-40-60 40 60"
-  "$LONG tiny-chain-long chain_indexed indexed-4-12 4 12"
-  "$LONG tiny-chain-long chain_indexed indexed-14-20 14 20"
-  "$LONG tiny-chain-long chain_indexed R3 25 35"
-  "$LONG tiny-chain-long chain_indexed R4 50 55"
-  "$LONG tiny-chain-long chain_indexed indexed-60-70 60 70"
+  "$LONG tiny-chain-long chain_iterated iterated-4-12 4 12"
+  "$LONG tiny-chain-long chain_iterated iterated-14-20 14 20"
+  "$LONG tiny-chain-long chain_iterated R3 25 30"
+  "$LONG tiny-chain-long chain_iterated R4 45 55"
+  "$LONG tiny-chain-long chain_iterated iterated-60-70 60 70"
 )
 have_long=$($PYTHON -c "import sys; from pathlib import Path; from rredcot_cli.models import resolve_model_path; \
 print(int(Path(resolve_model_path(sys.argv[1]), 'config.json').is_file()))" "$LONG")
@@ -49,7 +49,7 @@ for entry in "${LADDER[@]}"; do
     continue
   fi
   per_step=8
-  [[ "$benchmark" == chain_indexed ]] && per_step=12  # "52: 4*7=8" and a newline
+  [[ "$benchmark" == chain_iterated ]] && per_step=13  # "52: 4*7+1=9" and a newline
   budget=$((per_step * hi + 64))  # the answer line and slack
   common=(model.path="$model" backend="$BACKEND" benchmark="$benchmark" benchmark.min_steps="$lo"
           benchmark.max_steps="$hi" sampling.max_new_tokens="$budget" eval.num_problems="$PROBLEMS" seed=0)
