@@ -1,4 +1,4 @@
-"""Deterministic synthetic benchmarks whose chains can be checked line by line.
+"""Two deterministic synthetic benchmarks whose chains can be checked line by line.
 
 ``chain`` (chained arithmetic mod 10; an error anywhere ruins the answer)::
 
@@ -8,9 +8,6 @@
                  0-8=2
                  2+5=7
                  Answer: 7
-
-``chain_iterated`` applies one map ``x -> a*x+b`` mod 10 again and again, one numbered line a
-step (for long chains, see ``IteratedChainBenchmark``).
 
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
 
@@ -228,54 +225,6 @@ class ChainBenchmark(_SyntheticBase):
             if error_rate > 0 and rng.random() < error_rate:
                 new = rng.choice([d for d in range(MOD) if d != new])
             lines.append(f"{value}{op}{b}={new}")
-            value = new
-        return lines, str(value)
-
-
-class IteratedChainBenchmark(_SyntheticBase):
-    """One map applied again and again, for long chains: ``x -> a*x+b`` mod 10 from a start value,
-    ``steps`` times, one numbered line per step, then ``Answer: <x>``::
-
-        prompt:      Compute mod 10: 7 then x*3+1 for 3 steps
-        completion:  1: 7*3+1=2
-                     2: 2*3+1=7
-                     3: 7*3+1=2
-                     Answer: 2
-
-    Why: in ``chain`` step k must find the k-th operation in the prompt, which the tiny model
-    does by counting and only up to the ~20 steps it was trained on; fine-tunes on 20-90-step
-    chains, with or without numbered operations, stayed at chance (docs/long-chains.md). Here
-    every step reads the same two numbers from the start of the prompt, the previous line and
-    its number, so its difficulty does not grow with the chain; only the end (stop at line
-    ``steps``) needs the prompt. a is 3, 7 or 9 (coprime to 10), so a wrong value is never
-    erased by later steps: an error anywhere ruins the answer. ~11 tokens a step.
-    meta: ``steps``, ``start``, ``a``, ``b`` (ints).
-    """
-
-    name = "chain_iterated"
-    _PROMPT_HEAD = "Compute mod 10:"
-    _MULTIPLIERS = (3, 7, 9)
-
-    def __init__(self, min_steps: int = 4, max_steps: int = 12, data_seed: int = 1234):
-        super().__init__(min_steps, max_steps, data_seed)
-
-    def _sample(self, rng: random.Random, steps: int) -> tuple[str, str, dict]:
-        start, a, b = rng.randrange(MOD), rng.choice(self._MULTIPLIERS), rng.randrange(1, MOD)
-        value = start
-        for _ in range(steps):
-            value = (a * value + b) % MOD
-        question = f"{self._PROMPT_HEAD} {start} then x*{a}+{b} for {steps} steps"
-        return question, str(value), {"steps": steps, "start": start, "a": a, "b": b}
-
-    def _lines(self, problem: Problem, error_rate: float, rng: random.Random | None) -> tuple[list[str], str]:
-        m = problem.meta
-        lines = []
-        value = m["start"]
-        for k in range(1, m["steps"] + 1):
-            new = (m["a"] * value + m["b"]) % MOD
-            if error_rate > 0 and rng.random() < error_rate:
-                new = rng.choice([d for d in range(MOD) if d != new])
-            lines.append(f"{k}: {value}*{m['a']}+{m['b']}={new}")
             value = new
         return lines, str(value)
 
