@@ -116,8 +116,8 @@ def build_tiny_model(
 
 
 def shipped_model_dir(name: str) -> Path | None:
-    """The folder of a model shipped in ``rredcot_cli/assets`` named ``name`` (``tiny-chain``,
-    ``tiny-chain-long``; ``embedded`` is ``tiny-chain``), or None for anything else. A shipped
+    """The folder of a model shipped in ``rredcot_cli/assets`` named ``name`` (today only
+    ``tiny-chain``, also called ``embedded``), or None for anything else. A shipped
     name wins over a folder of the same name in the working directory: write ``./NAME`` for that."""
     if name == EMBEDDED_MODEL:
         return EMBEDDED_DIR
@@ -128,7 +128,7 @@ def shipped_model_dir(name: str) -> Path | None:
 
 
 def resolve_model_path(path: str) -> str:
-    """A shipped model's name (``embedded``, ``tiny-chain-long``) -> its folder in the package;
+    """A shipped model's name (``embedded``, ``tiny-chain``) -> its folder in the package;
     anything else (a folder, a hub id) unchanged."""
     shipped = shipped_model_dir(path)
     return str(shipped) if shipped is not None else path

@@ -99,7 +99,7 @@ def _looks_local(path: str) -> bool:
 def check_model_path(path: str, key: str = "model.path", weights: bool = True) -> None:
     """``ConfigError`` when ``path`` is a local folder that holds no loadable model (config.json,
     weights unless ``weights`` is False, a tokenizer), a file, or a local-looking path that does
-    not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain-long``) pass (the loader reports what is wrong with them)."""
+    not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain``) pass (the loader reports what is wrong with them)."""
     from rredcot_cli.models import shipped_model_dir
 
     if shipped_model_dir(path) is not None:

@@ -55,5 +55,5 @@ def _init_path(init: str | None) -> str | None:
     folder = shipped_model_dir(init) or Path(init)
     if not (folder / "config.json").is_file():
         raise RredcotError(f"sft.init={init}: no model there (no config.json); give a model folder or a shipped "
-                           f"model's name (tiny-chain, tiny-chain-long)")
+                           f"model's name (tiny-chain)")
     return str(folder)
