@@ -49,6 +49,14 @@ def check(names: list[str]) -> list[str]:
     return chosen
 
 
+def run_id(train_dir: Path, created: str) -> str:
+    """An id for the trackers that stays the same when this train folder's attempt (made at
+    ``created``) is resumed."""
+    import hashlib
+
+    return hashlib.sha256(f"{Path(train_dir).resolve()}|{created}".encode()).hexdigest()[:12]
+
+
 class Trackers:
     """The chosen trackers as one: ``log(metrics, step)`` and ``close()``; no trackers: no-ops."""
 

@@ -328,22 +328,14 @@ def _progress_info(row: dict, step_tokens: int) -> str:
     return info
 
 
-def _run_id(out) -> str:
-    """An id for the trackers that stays the same when this train folder's attempt is resumed."""
-    import hashlib
-
-    key = f"{out.dir.resolve()}|{out.manifest['created']}"
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
-
-
 def _tracking_record(names: list[str], out) -> dict | None:
-    return {"trackers": names, "run_id": _run_id(out)} if names else None
+    return {"trackers": names, "run_id": tracking.run_id(out.dir, out.manifest["created"])} if names else None
 
 
 def _open_trackers(names: list[str], cfg: DictConfig, out) -> tracking.Trackers:
     if not names:
         return tracking.Trackers([])
-    run_id = _run_id(out)
+    run_id = tracking.run_id(out.dir, out.manifest["created"])
     trackers = tracking.open_trackers(names, out.dir, config=OmegaConf.to_container(cfg, resolve=True),
                                       run_id=run_id, run_name=out.dir.parent.name)
     console.print(f"tracking: {', '.join(names)} (run id {run_id})")
