@@ -1,6 +1,6 @@
 """Turn command-line overrides into one validated, resolved config (Hydra Compose API).
 
-``compose(["method=dr_grpo", "train.lr=1e-4"])`` composes ``rredcot_cli/conf/config.yaml``
+``compose(["method=dr_grpo", "train.lr=1e-4"])`` composes ``conf/config.yaml``
 (typed by ``rredcot_cli.schema.Config``) with the overrides, checks it, and returns a resolved,
 read-only ``DictConfig``. Every mistake a user can make on the command line becomes a
 ``ConfigError`` with a one-line message:
@@ -35,7 +35,25 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 CONF_MODULE = "rredcot_cli.conf"
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def _packaged_conf_dir() -> Path:
+    """The packaged config tree: the repository's top-level ``conf/``, installed as the package
+    ``rredcot_cli.conf`` (pyproject's package-dir), so a wheel and an editable install both find
+    it; a source checkout used without installing (``PYTHONPATH=.``) falls back to ``../conf``.
+    Only the import machinery is asked (``find_spec``): ``conf/__init__.py`` is not run."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(CONF_MODULE)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+CONF_DIR = _packaged_conf_dir()
 CONFIG_NAME = "config"
 SCHEMA_NAME = "rredcot_schema"  # the ConfigStore entry config.yaml extends
 _OPTIONAL_GROUPS = ("experiment",)  # groups whose default is "none"
@@ -257,7 +275,7 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[str], list[tuple[st
 def _hydra_compose(overrides: list[str]) -> DictConfig:
     """Compose config.yaml with Hydra's Compose API (outside any Hydra app state)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -270,7 +288,7 @@ def _hydra_compose(overrides: list[str]) -> DictConfig:
     previous = global_hydra.hydra  # e.g. inside a @hydra.main sweep entry point
     global_hydra.clear()
     try:
-        with initialize_config_module(config_module=CONF_MODULE, version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise _translate(e, overrides) from e

@@ -1,4 +1,5 @@
-"""Hydra config tree of rredcot (package data; found with ``initialize_config_module``).
+"""Hydra config tree of rredcot: the repository's ``conf/``, installed as the package
+``rredcot_cli.conf`` (pyproject's package-dir) and found by ``rredcot_cli.config.CONF_DIR``.
 
 ``config.yaml`` is the primary config; each folder is a config group. The typed schema
 ``rredcot_cli.schema.Config`` is stored in Hydra's ConfigStore as ``rredcot_schema`` and is the
