@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot_cli.benchmarks.base import StepCheckedBenchmark
-from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
+from rredcot_cli.benchmarks.synthetic import ChainBenchmark, ChainVerboseBenchmark, SearchBenchmark
 
-BENCHMARKS = [ChainBenchmark, SearchBenchmark]
+BENCHMARKS = [ChainBenchmark, ChainVerboseBenchmark, SearchBenchmark]
 
 
 @pytest.mark.parametrize("cls", BENCHMARKS)
@@ -97,6 +97,31 @@ def test_chain_example_and_checker():
     assert bench.first_wrong_step("\n".join(lines[:-1] + ["1+1=2", lines[-1]]), p) == steps
     # surrounding whitespace and blank lines are tolerated
     assert bench.first_wrong_step("\n\n".join(" " + ln for ln in lines), p) is None
+
+
+def test_chain_verbose_poses_the_chain_problems_with_verbose_lines():
+    """Same questions, answers and splits as chain; each line spells the same decisions out."""
+    short, verbose = ChainBenchmark(), ChainVerboseBenchmark()
+    for split in ("train", "test"):
+        a, b = short.load(split, 20), verbose.load(split, 20)
+        assert [(p.question, p.gold_answer, p.meta) for p in a] == [(p.question, p.gold_answer, p.meta) for p in b]
+        assert all(p.prompt_id.startswith(f"chain_verbose/{split}/") for p in b)
+    p = verbose.load("test", 1)[0]
+    lines = verbose.gold_lines(p)
+    start, op0 = p.meta["start"], p.meta["ops"][0]
+    first = short.gold_lines(p)[0]  # "<start><op><b>=<c>"
+    assert lines[0] == f"Step 1: we have {start}, the next operation is {op0}, and {start}{op0} mod 10 is {first[-1]}."
+    assert all(line.startswith(f"Step {k + 1}: ") for k, line in enumerate(lines))
+    # wrong result at step 2 (the final digit before the full stop)
+    out = list(lines)
+    out[2] = out[2][:-2] + str((int(out[2][-2]) + 1) % 10) + "."
+    assert verbose.first_wrong_step("\n".join(out) + f"\nAnswer: {p.gold_answer}", p) == 2
+    # a miscounted step number is a wrong line too
+    out = list(lines)
+    out[1] = out[1].replace("Step 2:", "Step 3:")
+    assert verbose.first_wrong_step("\n".join(out), p) == 1
+    # ~64 characters per step (character tokens): a 4-12 step chain is hundreds of tokens
+    assert all(60 <= len(line) <= 70 for line in lines)
 
 
 def test_verify_and_extract():

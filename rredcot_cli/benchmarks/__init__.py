@@ -1,6 +1,6 @@
 """The benchmark registry: name -> ``"module:Class"``, imported only when the benchmark is made.
 
-Synthetic benchmarks (``chain``, ``search``) are generated from ``(min_steps, max_steps,
+Synthetic benchmarks (``chain``, ``chain_verbose``, ``search``) are generated from ``(min_steps, max_steps,
 data_seed)`` and can check each step; real ones (``gsm8k``, ``math500``) read a data file
 (``path``, see ``rredcot_cli.data``) and check the final answer with math-verify under
 ``verify_timeout_s``.
@@ -15,11 +15,12 @@ from rredcot_cli.errors import RredcotError
 
 BENCHMARKS: dict[str, str] = {
     "chain": "rredcot_cli.benchmarks.synthetic:ChainBenchmark",
+    "chain_verbose": "rredcot_cli.benchmarks.synthetic:ChainVerboseBenchmark",
     "search": "rredcot_cli.benchmarks.synthetic:SearchBenchmark",
     "gsm8k": "rredcot_cli.benchmarks.gsm8k:GSM8KBenchmark",
     "math500": "rredcot_cli.benchmarks.math500:MATH500Benchmark",
 }
-SYNTHETIC_BENCHMARKS = frozenset({"chain", "search"})
+SYNTHETIC_BENCHMARKS = frozenset({"chain", "chain_verbose", "search"})
 
 __all__ = [
     "BENCHMARKS",

@@ -1,4 +1,4 @@
-"""Two deterministic synthetic benchmarks whose chains can be checked line by line.
+"""Deterministic synthetic benchmarks whose chains can be checked line by line.
 
 ``chain`` (chained arithmetic mod 10; an error anywhere ruins the answer)::
 
@@ -8,6 +8,10 @@
                  0-8=2
                  2+5=7
                  Answer: 7
+
+``chain_verbose`` poses the same problems as ``chain`` with ~64-token step lines
+(``Step 1: we have 7, the next operation is +3, and 7+3 mod 10 is 0.``), a long chain of thought
+with as many decisions as a short one.
 
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
 
@@ -108,6 +112,9 @@ class _SyntheticBase:
     """Shared plumbing: deterministic split streams, answer parsing, verification."""
 
     name = "synthetic"
+    # The seeded stream problems are drawn from; a variant that only changes the solution format
+    # keeps its parent's family, so it poses exactly the same problems in every split.
+    problem_family = "synthetic"
     # Forced-answer probe for value estimation (RREDCoT answer_probe); prefixes end at a line.
     ANSWER_PROBE = "Answer: {answer}{eos}"
 
@@ -138,7 +145,7 @@ class _SyntheticBase:
         Without ``limit`` a synthetic split has 1000 problems.
         """
         count = 1000 if limit is None else limit
-        rng = _split_rng(self.name, self.data_seed, split)
+        rng = _split_rng(self.problem_family, self.data_seed, split)
         buckets = _SPLIT_BUCKETS[split]
         problems: list[Problem] = []
         while len(problems) < count:
@@ -198,6 +205,7 @@ class ChainBenchmark(_SyntheticBase):
     """
 
     name = "chain"
+    problem_family = "chain"
     _PROMPT_HEAD = "Compute mod 10:"
     _OPERANDS = {"+": range(1, 10), "-": range(1, 10), "*": (2, 3, 4, 6, 7, 8, 9)}
 
@@ -224,9 +232,33 @@ class ChainBenchmark(_SyntheticBase):
             new = apply_op(value, op, b)
             if error_rate > 0 and rng.random() < error_rate:
                 new = rng.choice([d for d in range(MOD) if d != new])
-            lines.append(f"{value}{op}{b}={new}")
+            lines.append(self._line(len(lines) + 1, value, op, b, new))
             value = new
         return lines, str(value)
+
+    @staticmethod
+    def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
+        return f"{value}{op}{operand}={result}"
+
+
+class ChainVerboseBenchmark(ChainBenchmark):
+    """The ``chain`` problems (same prompts, same splits) with a verbose step line, ~64 tokens::
+
+        Step 3: we have 0, the next operation is -8, and 0-8 mod 10 is 2.
+
+    Each line makes the same decisions as a ``chain`` line (the running value, the next
+    operation, its result) plus the step number, wrapped in words that are predictable once
+    learned: a chain of 4-12 steps is ~300-800 tokens instead of ~60. This is how a long chain of
+    thought looks to credit assignment: many tokens, few of them decisive. It stands in for
+    longer chains because the tiny models do not generalise past the number of steps they were
+    trained on (docs/long-chains.md records three failed long-step recipes).
+    """
+
+    name = "chain_verbose"
+
+    @staticmethod
+    def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
+        return f"Step {step}: we have {value}, the next operation is {op}{operand}, and {value}{op}{operand} mod 10 is {result}."
 
 
 class SearchBenchmark(_SyntheticBase):
@@ -238,6 +270,7 @@ class SearchBenchmark(_SyntheticBase):
     """
 
     name = "search"
+    problem_family = "search"
 
     def __init__(self, min_steps: int = 4, max_steps: int = 12, data_seed: int = 1234):
         super().__init__(min_steps, max_steps, data_seed)
