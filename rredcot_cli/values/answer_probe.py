@@ -6,10 +6,14 @@ right after a prefix (RREDCoT's deterministic-support estimator, rredcot-method.
 D holds the gold answer and the distinct answers the group wrote and the verifier accepted, so
 no generation is needed. Answers outside D that the verifier would accept carry probability the
 estimate misses: its bias is non-positive, as the paper states.
+
+``answer_probe_log_values`` runs the same probes and returns log V (ΔBelief-RL's log-belief of
+the target answer, methods/delta_belief.py), so an unlikely answer does not underflow to 0.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +63,48 @@ def answer_probe_values(
     to evaluate; candidates[i]: the answer set D for trace i. Returns, per trace, a float32
     tensor (len(prefix_lens[i]),).
     """
+    probes, owners = _probes(prefix_lens, candidates)
+    logprobs = scorer(model, traces, probes, device=device, stats=stats)
+    values = [torch.zeros(len(lens)) for lens in prefix_lens]
+    for (i, slot, utility), lp in zip(owners, logprobs):
+        values[i][slot] += float(torch.exp(lp.sum())) * utility
+    return values
+
+
+def answer_probe_log_values(
+    model: torch.nn.Module,
+    traces: list[list[int]],
+    prefix_lens: list[list[int]],
+    candidates: list[list[Candidate]],
+    *,
+    agg: str = "sum",
+    device: str = "cpu",
+    stats: dict | None = None,
+    scorer=cached_probe_logprobs,
+) -> list[torch.Tensor]:
+    """The same probes as ``answer_probe_values``, in log space (no underflow for unlikely answers):
+
+        log V(S_k) = log sum_{y in D} U(y) exp(s(y | S_k)),
+        s = the summed (``agg="sum"``: log pi(y | S_k, probe)) or mean (``agg="mean"``) log-prob
+            of the candidate's scored tokens.
+
+    Arguments as in ``answer_probe_values``; returns, per trace, a float64 tensor
+    (len(prefix_lens[i]),) of log-values (-inf where every candidate has utility 0)."""
+    if agg not in ("sum", "mean"):
+        raise ValueError(f"unknown agg {agg!r}; valid: sum, mean")
+    probes, owners = _probes(prefix_lens, candidates)
+    logprobs = scorer(model, traces, probes, device=device, stats=stats)
+    terms: list[list[list[float]]] = [[[] for _ in lens] for lens in prefix_lens]
+    for (i, slot, utility), lp in zip(owners, logprobs):
+        if utility > 0:
+            score = lp.double().sum() if agg == "sum" else lp.double().mean()
+            terms[i][slot].append(float(score) + math.log(utility))
+    return [torch.tensor([torch.logsumexp(torch.tensor(t, dtype=torch.float64), 0).item() if t else -math.inf
+                          for t in row], dtype=torch.float64) for row in terms]
+
+
+def _probes(prefix_lens: list[list[int]], candidates: list[list[Candidate]]) -> tuple[list[Probe], list[tuple]]:
+    """One probe per (trace, prefix, candidate) and its owner (trace, prefix slot, utility)."""
     probes: list[Probe] = []
     owners: list[tuple[int, int, float]] = []  # (trace, prefix slot, utility)
     for i, lens in enumerate(prefix_lens):
@@ -67,8 +113,4 @@ def answer_probe_values(
                 probes.append(Probe(trace=i, prefix_len=prefix_len, tokens=cand.context + cand.answer,
                                     scored_from=len(cand.context)))
                 owners.append((i, slot, cand.utility))
-    logprobs = scorer(model, traces, probes, device=device, stats=stats)
-    values = [torch.zeros(len(lens)) for lens in prefix_lens]
-    for (i, slot, utility), lp in zip(owners, logprobs):
-        values[i][slot] += float(torch.exp(lp.sum())) * utility
-    return values
+    return probes, owners
