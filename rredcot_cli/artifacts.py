@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.runs import atomic_path
+from rredcot_cli.steptime import PHASES
 
 
 _ADDED_LATER = b"rredcot.added_later"
@@ -136,6 +137,10 @@ TRAIN_METRICS = pa.schema(
         # and fp16 loss-scale overflows skipped (null when there was no update)
         _added_field("sampler_kl", pa.float32()),
         _added_field("overflow_skipped", pa.int32()),
+        # wall seconds of each phase of the step (rredcot_cli/steptime.py; eval only on eval steps)
+        # and the positions the credit method ran through the model for value estimation
+        *(_added_field(f"seconds_{phase}", pa.float32()) for phase in PHASES),
+        _added_field("credit_forward_tokens", pa.int64()),
     ]
 )
 

@@ -21,6 +21,7 @@ from rredcot_cli.distributed import DataParallel, is_logprob_root
 from rredcot_cli.logprobs import completion_logprobs
 from rredcot_cli.loss import loss_normalizer, policy_loss, sampler_correction_weights
 from rredcot_cli.precision import GradientStepper, Precision
+from rredcot_cli.steptime import StepClock, phase
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
@@ -151,6 +152,7 @@ def policy_update(
     sampler_cap: float = 2.0,
     reference_forward: ForwardPass | None = None,
     parallel: DataParallel = DataParallel(),
+    clock: StepClock | None = None,
 ) -> UpdateStats:
     """``updates_per_batch`` passes over the batch in shuffled minibatches.
 
@@ -169,18 +171,22 @@ def policy_update(
 
     With ``parallel`` (world size W > 1) ``model`` is the data-parallel root (``distributed.py``):
     each rank runs its share of every minibatch, all ranks in the same order, and every loss is
-    normalised by the whole minibatch's count; the statistics returned are those of all ranks."""
+    normalised by the whole minibatch's count; the statistics returned are those of all ranks.
+
+    ``clock`` (``steptime.StepClock``) times the old and reference log-prob passes apart."""
     B = len(completion_ids)
     stepper = stepper or GradientStepper(Precision("fp32", torch.float32, None))
     rows = forward.rows_per_pass(minibatch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
-    old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows, forward,
-                                                                parallel)
+    with phase(clock, "old_logprobs"):
+        old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows,
+                                                                    forward, parallel)
     ref_logprobs = None
     if reference is not None and kl_coef != 0.0:
-        ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
-                                                         reference_forward or forward, parallel)
+        with phase(clock, "ref_logprobs"):
+            ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
+                                                             reference_forward or forward, parallel)
     entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1))
     sampler_kl = float("nan")
     weights = None

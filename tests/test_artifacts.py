@@ -10,6 +10,7 @@ import pytest
 from rredcot_cli.artifacts import ARTIFACTS, build_table, read_artifact, validate_segments_tile, write_artifact
 from rredcot_cli.errors import ArtifactError
 from rredcot_cli.runs import atomic_path, atomic_write_text
+from rredcot_cli.steptime import PHASES
 
 # Two rows per artifact; floats are exactly representable in float32 so round trips compare equal.
 ROWS = {
@@ -45,11 +46,13 @@ ROWS = {
         dict(step=0, reward_mean=0.5, accuracy=0.5, loss=0.25, kl=0.0, entropy=1.5, clip_fraction=0.0,
              grad_norm=2.0, lr=0.0009765625, response_tokens_mean=12.0, tokens=2**40, seconds=1.5, eval_accuracy=None,
              sampling_rounds=None, groups_trained=None, value_loss=None, value_explained_variance=None,
-             sampler_kl=None, overflow_skipped=None),
+             sampler_kl=None, overflow_skipped=None, **{f"seconds_{p}": None for p in PHASES},
+             credit_forward_tokens=None),
         dict(step=1, reward_mean=0.75, accuracy=0.75, loss=-0.125, kl=0.0625, entropy=1.25, clip_fraction=0.125,
              grad_norm=1.0, lr=0.0009765625, response_tokens_mean=10.0, tokens=100, seconds=1.0, eval_accuracy=0.5,
              sampling_rounds=3, groups_trained=8, value_loss=0.125, value_explained_variance=-0.5,
-             sampler_kl=0.015625, overflow_skipped=2),
+             sampler_kl=0.015625, overflow_skipped=2, **{f"seconds_{p}": 0.5 for p in PHASES},
+             credit_forward_tokens=2**33),
     ],
     "credit_quality": [
         dict(method="grpo", batch=0, credit_constant=True, value_spearman=None, value_pearson=None, value_spearman_inner=None,

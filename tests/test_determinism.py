@@ -6,6 +6,7 @@ import pytest
 
 from rredcot_cli.config import compose
 from rredcot_cli.stages import sample, train
+from rredcot_cli.steptime import CLOCK_COLUMNS
 
 SMALL = ["benchmark.min_steps=2", "benchmark.max_steps=3", "sampling.n=3", "sampling.max_new_tokens=40",
          "sample.num_prompts=3",
@@ -39,7 +40,7 @@ def test_same_seed_same_samples(runs_by_seed):
 
 def test_same_seed_same_training_metrics(runs_by_seed):
     def metrics(key):
-        return pq.read_table(runs_by_seed[key] / "train" / "metrics.parquet").drop(["seconds"])
+        return pq.read_table(runs_by_seed[key] / "train" / "metrics.parquet").drop(list(CLOCK_COLUMNS))
 
     a, b = metrics("a"), metrics("b")
     assert a.num_rows == 3 and a.column("eval_accuracy").null_count == 1

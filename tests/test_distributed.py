@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from rredcot_cli.distributed import DataParallel, split_evenly
+from rredcot_cli.steptime import CLOCK_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "rredcot_cli" / "assets" / "tiny-chain"
@@ -249,7 +250,7 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
 
 
 def _metrics(run: Path) -> list[dict]:
-    return pq.read_table(run / "train" / "metrics.parquet").drop(["seconds"]).to_pylist()
+    return pq.read_table(run / "train" / "metrics.parquet").drop(list(CLOCK_COLUMNS)).to_pylist()
 
 
 def _assert_same_run(run: Path, reference: Path) -> None:

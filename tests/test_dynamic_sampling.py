@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from rredcot_cli import artifacts
 from rredcot_cli.stages.train import training_samples
+from rredcot_cli.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +109,7 @@ def rredcot(*args, cwd):
 
 
 def metrics_without_clock(run):
-    return pq.read_table(run / "train" / "metrics.parquet").drop(["seconds"]).to_pylist()
+    return pq.read_table(run / "train" / "metrics.parquet").drop(list(CLOCK_COLUMNS)).to_pylist()
 
 
 def test_train_with_dynamic_sampling_resumes_from_the_saved_cursor(tmp_path):

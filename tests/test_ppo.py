@@ -14,6 +14,7 @@ import torch
 
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.ppo import gae, masked_whiten, ppo, terminal_rewards
+from rredcot_cli.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,7 +114,7 @@ def rredcot(*args, cwd):
 
 
 def metrics_without_clock(run):
-    return pq.read_table(run / "train" / "metrics.parquet").drop(["seconds"]).to_pylist()
+    return pq.read_table(run / "train" / "metrics.parquet").drop(list(CLOCK_COLUMNS)).to_pylist()
 
 
 def unfinish(run):

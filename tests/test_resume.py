@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from rredcot_cli.errors import RunError
 from rredcot_cli.runs import begin_stage, remove_stale_temporaries, sha256_file
 from rredcot_cli.stages import train
+from rredcot_cli.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small enough for seconds per step on one CPU thread, with a non-zero policy gradient at every
@@ -49,7 +50,7 @@ def finish(process, timeout=300):
 
 
 def metrics_without_clock(run):
-    return pq.read_table(run / "train" / "metrics.parquet").drop(["seconds"]).to_pylist()
+    return pq.read_table(run / "train" / "metrics.parquet").drop(list(CLOCK_COLUMNS)).to_pylist()
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):

@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from rredcot_cli import artifacts, distributed, runs, tracking, train_rollouts, trainable
+from rredcot_cli import artifacts, distributed, runs, steptime, tracking, train_rollouts, trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.precision import GradientStepper, dtype_of, make_optimizer, resolve_precision
@@ -152,14 +152,21 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         the groups and the token advantages, segment values and credits are all-gathered (a
         batch-wide method scores them all)."""
         mine = samples if batch_wide else parallel.groups_share(samples)
-        entropies = completion_entropies(policy, mine) if segment_needs_entropy and mine else None
-        segments = segment_rows(mine, tokenizer, segmenter, cfg.segment.name, entropies=entropies, **segment_kwargs)
+        with clock.phase("segment"):
+            entropies = completion_entropies(policy, mine) if segment_needs_entropy and mine else None
+            segments = segment_rows(mine, tokenizer, segmenter, cfg.segment.name, entropies=entropies,
+                                    **segment_kwargs)
+        with clock.phase("credit"):
+            return _credit(samples, mine, segments)
+
+    def _credit(samples: list[dict], mine: list[dict], segments: list[dict]):
         batch = credit_batch(mine, segments, answer_probe=answer_probe)
         credit = attribute(spec, batch, params, collaborators) if mine else None
         if mine is samples:
             return segments, batch, credit
         segments = parallel.concat(segments)
-        batch = credit_batch(samples, segments, answer_probe=answer_probe)
+        mine_batch, batch = batch, credit_batch(samples, segments, answer_probe=answer_probe)
+        batch.extras["value_stats"] = (mine_batch.extras or {}).get("value_stats")  # this rank's share
         mine_credit = credit or Credit(*(torch.zeros(0, 0),) * 3)  # a rank with no groups this step
         return segments, batch, Credit(
             token_advantages=parallel.concat_rows(mine_credit.token_advantages, batch.token_mask.shape[1]),
@@ -173,6 +180,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                             seed=runs.derive_seed(cfg.seed, "eval"), prompts_per_call=ppc, model_name=f"step-{step}",
                             map_chunks=parallel.map_chunks)
 
+    clock = steptime.StepClock()  # seconds per phase of each step, in the metrics row
     started = time.perf_counter()
     metrics_path = out.dir / "metrics.parquet"
     trackers = _open_trackers(trackers_chosen, cfg, out) if parallel.is_main else tracking.Trackers([])
@@ -187,7 +195,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         policy.backend.sync_weights(plain)
         eval_before = progress["eval_before"]
         console.print(f"resuming {out.dir} from step {progress['step']} of {t.steps} ({state['path']})")
-    history: list[dict] = progress["history"]
+    history: list[dict] = _with_phase_columns(progress["history"])
     tokens_seen = progress["tokens_seen"]
     streak = progress["nonfinite_streak"]
     skipped_total = progress["skipped_updates"]
@@ -197,15 +205,18 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         advance(first_step - 1)
         for step in range(first_step, t.steps + 1):
             step_started = time.perf_counter()
-            samples, drawn, cursor, rounds = training_samples(functools.partial(draw, step), train_problems, cursor,
-                                                              t.prompts_per_step, dynamic=t.dynamic_sampling,
-                                                              max_rounds=t.max_sampling_rounds)
+            clock.reset()
+            with clock.phase("sampling"):
+                samples, drawn, cursor, rounds = training_samples(functools.partial(draw, step), train_problems,
+                                                                  cursor, t.prompts_per_step, dynamic=t.dynamic_sampling,
+                                                                  max_rounds=t.max_sampling_rounds)
             stats, critic_stats = _NO_UPDATE, None
             if samples:
                 with autocast():
                     segments, batch, credit = assign_credit(samples)
                 policy.backend.sleep()  # a vLLM engine frees its weights and KV cache until the sync
-                stats = policy_update(
+                with clock.phase("update"):
+                    stats = policy_update(
                     trained, optimizer, scheduler,
                     prompt_ids=batch.prompt_token_ids, completion_ids=batch.completion_token_ids,
                     advantages=credit.token_advantages, pad_id=tokenizer.pad_token_id,
@@ -215,13 +226,14 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                     forward=forward, reference_forward=reference_forward, stepper=stepper,
                     sampler_logprobs=batch.old_logprobs,
                     sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
-                    parallel=parallel,
+                    parallel=parallel, clock=clock,
                 )
-                parallel.refresh(trained, plain)
-                policy.backend.sync_weights(plain)
-                if critic is not None:
-                    critic_stats = critic.fit(batch.prompt_token_ids, batch.completion_token_ids,
-                                              credit.token_values, credit.value_targets)
+                with clock.phase("refresh"):
+                    parallel.refresh(trained, plain)
+                    policy.backend.sync_weights(plain)
+                    if critic is not None:
+                        critic_stats = critic.fit(batch.prompt_token_ids, batch.completion_token_ids,
+                                                  credit.token_values, credit.value_targets)
             else:
                 console.print(f"[yellow]step {step}: no group with differing rewards in {rounds} draws of "
                               f"{t.prompts_per_step} problems (train.max_sampling_rounds); no update this step[/yellow]")
@@ -242,10 +254,14 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 "value_explained_variance": critic_stats.explained_variance if critic_stats else None,
                 "sampler_kl": None if math.isnan(stats.sampler_kl) else stats.sampler_kl,
                 "overflow_skipped": stats.overflow_skipped if stats is not _NO_UPDATE else None,
+                **clock.columns(),
+                "credit_forward_tokens": _value_forward_tokens(batch) if samples else None,
             }
             if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
-                _, summary = held_out_eval(step)
+                with clock.phase("eval"):
+                    _, summary = held_out_eval(step)
                 row["eval_accuracy"] = summary["pass@1"]
+                row["seconds_eval"] = clock.seconds["eval"]
             history.append(row)
             if parallel.is_main:  # rank 0 writes every artifact, each as soon as its step ends
                 artifacts.write_artifact("train_metrics", history, metrics_path)
@@ -316,6 +332,23 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
     hashed = OmegaConf.create(container)
     OmegaConf.set_readonly(hashed, True)
     return hashed
+
+
+def _value_forward_tokens(batch) -> int | None:
+    """Positions the credit method ran through the model for value estimation this step (this
+    rank's share under torchrun); None for methods that report none."""
+    stats = (batch.extras or {}).get("value_stats") or {}
+    return stats.get("forward_tokens")
+
+
+def _with_phase_columns(history: list[dict]) -> list[dict]:
+    """Metrics rows of a resumed run, with the per-phase columns (null) that rows written before
+    they existed lack, so every row has the same columns."""
+    names = [*steptime.StepClock().columns(), "credit_forward_tokens"]
+    for row in history:
+        for name in names:
+            row.setdefault(name, None)
+    return history
 
 
 def _progress_info(row: dict, step_tokens: int) -> str:
