@@ -16,6 +16,7 @@ Importing this module is cheap: no torch, transformers, Hydra or pyarrow.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Annotated, Iterator, List, Optional
 import typer
 from typer.core import TyperCommand
 
-from rredcot_cli.config import ConfigError, compose, default_options, group_options
+from rredcot_cli.config import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
 from rredcot_cli.errors import RredcotError, one_line, os_error_message
 
 app = typer.Typer(
@@ -51,6 +52,37 @@ PrintConfig = Annotated[
     bool,
     typer.Option("--cfg", "--print-config", help="Print the resolved config as YAML and exit; run nothing."),
 ]
+ConfigDirs = Annotated[
+    Optional[List[Path]],
+    typer.Option(
+        "--config-dir",
+        help=f"A folder of your own configs (experiment/mine.yaml, model/x.yaml, method/, ...), searched "
+        f"before the packaged ones; repeatable. Same as prepending it to ${CONFIG_PATH_ENV} (os.pathsep-separated).",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+
+
+def use_config_dirs(config_dirs: list[Path] | None) -> None:
+    """Put ``--config-dir`` folders in front of ``$RREDCOT_CONFIG_PATH`` for this process and the
+    processes it starts, so composing, --help and the stages all search them first."""
+    if not config_dirs:
+        return
+    current = [e for e in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if e]
+    given = [str(Path(d).expanduser().resolve()) for d in config_dirs]
+    os.environ[CONFIG_PATH_ENV] = os.pathsep.join(dict.fromkeys(given + current))
+
+
+def _config_dirs_in(args: list[str]) -> list[Path]:
+    """The ``--config-dir`` values in raw arguments (read before click parses them, for --help)."""
+    found = []
+    for i, arg in enumerate(args):
+        if arg == "--config-dir" and i + 1 < len(args):
+            found.append(Path(args[i + 1]))
+        elif arg.startswith("--config-dir="):
+            found.append(Path(arg.split("=", 1)[1]))
+    return found
 
 
 def groups_help(plain: bool = False) -> str:
@@ -71,18 +103,27 @@ def groups_help(plain: bool = False) -> str:
             + "\n".join(groups),
             "Overrides: key=value sets a value (train.steps=5), +key=value adds one, "
             "experiment=NAME applies a preset last. --cfg prints the composed config.",
+            f"Your own configs: --config-dir DIR or ${CONFIG_PATH_ENV}, searched before the packaged ones; "
+            "your own credit methods and benchmarks: entry points (rredcot.methods, rredcot.benchmarks) "
+            "or the plugins list of the config (plugins=...). See docs/extending.md.",
         ]
     )
 
 
 class StageCommand(TyperCommand):
-    """A stage command whose --help ends with the config groups (read when help is shown)."""
+    """A stage command whose --help ends with the config groups (read when help is shown),
+    the user's config folders (``--config-dir``, ``$RREDCOT_CONFIG_PATH``) included."""
+
+    def parse_args(self, ctx, args):  # noqa: ANN001 - click's signature
+        use_config_dirs(_config_dirs_in(list(args)))  # --help is eager: it runs before the option
+        return super().parse_args(ctx, args)
 
     def format_help(self, ctx, formatter):  # noqa: ANN001 - click's signature
         if not self.epilog:
             from typer import core
 
-            self.epilog = groups_help(plain=not core.HAS_RICH or self.rich_markup_mode is None)
+            with _one_line_errors():
+                self.epilog = groups_help(plain=not core.HAS_RICH or self.rich_markup_mode is None)
         return super().format_help(ctx, formatter)
 
 
@@ -99,12 +140,15 @@ def _print_config(cfg) -> None:  # noqa: ANN001 - a DictConfig
         sys.stdout.write(text)
 
 
-def run_stage(stage: str, overrides: list[str] | None, print_config: bool = False) -> None:
+def run_stage(stage: str, overrides: list[str] | None, print_config: bool = False,
+              config_dirs: list[Path] | None = None) -> None:
     """Compose the config for ``overrides`` and run ``stage`` (or only print the config).
 
-    A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2.
+    ``config_dirs`` (``--config-dir``) are searched before ``$RREDCOT_CONFIG_PATH`` and the
+    packaged configs. A ``RredcotError`` becomes ``error: <message>`` on stderr and exit status 2.
     """
     overrides = list(overrides or [])
+    use_config_dirs(config_dirs)
     if "rredcot_cli.runs" in sys.modules:  # a stage run earlier in this process keeps its folders
         sys.modules["rredcot_cli.runs"]._FRESH_STAGES.clear()
     with _one_line_errors():
@@ -155,51 +199,51 @@ def _discard_unstarted_stages() -> None:
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def sample(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def sample(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Sample sampling.n completions for each of sample.num_prompts prompts and verify them -> sample/samples.parquet."""
-    run_stage("sample", overrides, print_config)
+    run_stage("sample", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def segment(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def segment(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Split each completion into segments (segment=newline|fixed) -> segment/segments.parquet."""
-    run_stage("segment", overrides, print_config)
+    run_stage("segment", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def attribute(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def attribute(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Assign credit to segments with a method -> attribute/<method>/credits.parquet, advantages.parquet."""
-    run_stage("attribute", overrides, print_config)
+    run_stage("attribute", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def train(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def train(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """RL-train the policy (sample -> segment -> attribute -> update each step) -> train/."""
-    run_stage("train", overrides, print_config)
+    run_stage("train", overrides, print_config, config_dir)
 
 
 @app.command("eval", cls=StageCommand, context_settings=_CONTEXT)
-def eval_(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def eval_(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Evaluate model.path on the benchmark (pass@k, accuracy by chain length) -> eval/eval.parquet."""
-    run_stage("eval", overrides, print_config)
+    run_stage("eval", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def sft(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def sft(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Supervised-train the tiny model from scratch on synthetic chains -> sft/."""
-    run_stage("sft", overrides, print_config)
+    run_stage("sft", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def heatmap(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def heatmap(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Render chosen completions coloured by credit (HTML page + PNG) -> heatmap/<method>/."""
-    run_stage("heatmap", overrides, print_config)
+    run_stage("heatmap", overrides, print_config, config_dir)
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
-def judge(overrides: Overrides = None, print_config: PrintConfig = False) -> None:
+def judge(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Judge each credit method's credit on saved traces against Monte Carlo values -> judge/credit_quality.parquet."""
-    run_stage("judge", overrides, print_config)
+    run_stage("judge", overrides, print_config, config_dir)
 
 
 @app.command()

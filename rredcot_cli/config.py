@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import hashlib
 import math
+import os
 import re
 import typing
 from pathlib import Path
@@ -57,29 +58,73 @@ CONF_DIR = _packaged_conf_dir()
 CONFIG_NAME = "config"
 SCHEMA_NAME = "rredcot_schema"  # the ConfigStore entry config.yaml extends
 _OPTIONAL_GROUPS = ("experiment",)  # groups whose default is "none"
+# User config folders searched before CONF_DIR, separated like PATH; `--config-dir DIR` prepends.
+CONFIG_PATH_ENV = "RREDCOT_CONFIG_PATH"
 
 
 class ConfigError(RredcotError):
     """The command line does not describe a valid config; the message is one line."""
 
 
+# --------------------------------------------------------------------------- search path
+
+
+def user_config_dirs(config_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """The user's config folders, searched before the packaged tree: ``config_dirs`` first, then
+    the entries of ``$RREDCOT_CONFIG_PATH`` (``os.pathsep``-separated), as absolute paths without
+    repeats. Each holds group folders like the packaged one (``experiment/mine.yaml``, ...)."""
+    entries = [str(d) for d in config_dirs]
+    entries += [e for e in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if e.strip()]
+    found: list[Path] = []
+    for entry in entries:
+        folder = Path(entry).expanduser().resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"config dir {entry}: no such folder (given by --config-dir or {CONFIG_PATH_ENV})")
+        if folder not in found and folder != CONF_DIR:
+            found.append(folder)
+    return found
+
+
+def search_dirs(config_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """Where config files are looked up, first match wins: the user's folders, then CONF_DIR."""
+    return [*user_config_dirs(config_dirs), CONF_DIR]
+
+
+def config_file(group: str, option: str, config_dirs: Sequence[str | Path] = ()) -> Path | None:
+    """The YAML file that ``group=option`` composes (the first on the search path), or None."""
+    for folder in search_dirs(config_dirs):
+        candidate = folder / group / f"{option}.yaml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 # --------------------------------------------------------------------------- groups
 
 
-def group_options() -> dict[str, list[str]]:
-    """Each config group (a folder of ``conf/``) and its options (the YAML files in it), sorted."""
-    return {
-        folder.name: sorted(p.stem for p in folder.glob("*.yaml"))
-        for folder in sorted(CONF_DIR.iterdir())
-        if folder.is_dir() and not folder.name.startswith(("_", "."))
-    }
+def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]]:
+    """Each config group (a folder of the packaged ``conf/``) and its options, sorted: the YAML
+    files of that folder in the packaged tree and in the user's config folders, plus the credit
+    methods and benchmarks of plugins (entry points, ``plugins=``), which need no YAML file."""
+    from rredcot_cli.plugins import plugin_options
+
+    dirs = search_dirs(config_dirs)
+    groups: dict[str, list[str]] = {}
+    for folder in sorted(CONF_DIR.iterdir()):
+        if folder.is_dir() and not folder.name.startswith(("_", ".")):
+            names = set(plugin_options(folder.name))
+            for root in dirs:
+                names |= {p.stem for p in (root / folder.name).glob("*.yaml")}
+            groups[folder.name] = sorted(names)
+    return groups
 
 
-def default_options() -> dict[str, str | None]:
+def default_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, str | None]:
     """The option each group gets when none is chosen (from config.yaml's defaults list)."""
     import yaml
 
-    defaults = yaml.safe_load((CONF_DIR / f"{CONFIG_NAME}.yaml").read_text()).get("defaults", [])
+    primary = next(d / f"{CONFIG_NAME}.yaml" for d in search_dirs(config_dirs) if (d / f"{CONFIG_NAME}.yaml").is_file())
+    defaults = yaml.safe_load(primary.read_text()).get("defaults", [])
     chosen: dict[str, str | None] = {}
     for entry in defaults:
         if isinstance(entry, dict):
@@ -92,8 +137,8 @@ def _plural(group: str) -> str:
     return group if group.endswith("s") else f"{group}s"
 
 
-def _unknown_option(group: str, option: object) -> ConfigError:
-    valid = group_options().get(group, [])
+def _unknown_option(group: str, option: object, config_dirs: Sequence[str | Path] = ()) -> ConfigError:
+    valid = group_options(config_dirs).get(group, [])
     close = difflib.get_close_matches(str(option), valid, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     sep = " Valid" if close else "; valid"
@@ -193,17 +238,44 @@ def _exception_chain(e: BaseException) -> list[BaseException]:
     return chain
 
 
-def _translate(e: BaseException, overrides: Sequence[str]) -> ConfigError:
-    """A one-line ``ConfigError`` for an exception raised while Hydra composed the config."""
+def _translate(e: BaseException, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()) -> ConfigError:
+    """A one-line ``ConfigError`` for an exception raised while Hydra composed the config; an
+    error inside a config file (Hydra says "In 'group/option'") starts with that file's path."""
+    chain = _exception_chain(e)
+    error = _translate_chain(chain, overrides, config_dirs)
+    for exc in chain:
+        found = re.match(r"In '([^']+)'", str(exc))
+        if found:
+            group, _, option = found.group(1).rpartition("/")
+            path = config_file(group, option, config_dirs) if group else None
+            if path is None and not group:
+                path = next((d / f"{option}.yaml" for d in search_dirs(config_dirs)
+                             if (d / f"{option}.yaml").is_file()), None)
+            if path is not None:
+                return ConfigError(f"{path}: {error}")
+    return error
+
+
+def _yaml_error(e: Exception) -> ConfigError:
+    """A YAML syntax error in a config file: the file, line and column, and the problem."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or one_line(e)
+    if mark is None:
+        return ConfigError(f"cannot read a config file: {one_line(e)}")
+    context, where = getattr(e, "context", None), getattr(e, "context_mark", None)
+    started = f", {context} from line {where.line + 1}" if context and where is not None and where is not mark else ""
+    return ConfigError(f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}: {problem}{started} (not valid YAML)")
+
+
+def _translate_chain(chain: list[BaseException], overrides: Sequence[str], config_dirs: Sequence[str | Path]) -> ConfigError:
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigKeyError, ConfigAttributeError, ValidationError
 
-    chain = _exception_chain(e)
     for exc in chain:
         if isinstance(exc, MissingConfigException):
             found = re.search(r"Could not find '([^'/]+)/([^']+)'", str(exc))
             if found:
-                return _unknown_option(found.group(1), found.group(2))
+                return _unknown_option(found.group(1), found.group(2), config_dirs)
         if isinstance(exc, OverrideParseException):
             return _parse_error(str(exc))
         full_key = getattr(exc, "full_key", None)
@@ -213,8 +285,10 @@ def _translate(e: BaseException, overrides: Sequence[str]) -> ConfigError:
             return _wrong_type(full_key, described, str(exc), overrides)
         if isinstance(exc, (ConfigKeyError, ConfigAttributeError)) and full_key:
             parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+            if typing.get_origin(_schema_type(parent)) in (dict, typing.Dict):
+                return ConfigError(f"'{full_key}' is a new key of {parent}; add it with +{full_key}=VALUE")
             return _unknown_key(full_key, _valid_keys(parent), parent)
-    return ConfigError(one_line(str(e).split("\nConfig search path")[0]))
+    return ConfigError(one_line(str(chain[0]).split("\nConfig search path")[0]))
 
 
 def _parse_error(message: str) -> ConfigError:
@@ -230,7 +304,7 @@ def _parse_error(message: str) -> ConfigError:
 # --------------------------------------------------------------------------- compose
 
 
-def _parse_overrides(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, Any]]]:
+def _parse_overrides(overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()) -> tuple[list[str], list[tuple[str, Any]]]:
     """Check the overrides and split them: (overrides for Hydra, ``method.*`` overrides).
 
     ``method.<param>=v`` overrides are applied after the method's parameters are known.
@@ -239,7 +313,7 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[str], list[tuple[st
     from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
-    groups = group_options()
+    groups = group_options(config_dirs)
     hydra_overrides: list[str] = []
     method_overrides: list[tuple[str, Any]] = []
     for text in overrides:
@@ -267,31 +341,54 @@ def _parse_overrides(overrides: Sequence[str]) -> tuple[list[str], list[tuple[st
             if ov.is_add() and key in _OPTIONAL_GROUPS:
                 text = text.lstrip("+")  # +experiment=x means experiment=x here
             if isinstance(value, str) and value not in groups[key]:
-                raise _unknown_option(key, value)
+                raise _unknown_option(key, value, config_dirs)
         hydra_overrides.append(text)
     return hydra_overrides, method_overrides
 
 
-def _hydra_compose(overrides: list[str]) -> DictConfig:
-    """Compose config.yaml with Hydra's Compose API (outside any Hydra app state)."""
+def _hydra_compose(overrides: list[str], config_dirs: Sequence[str | Path] = ()) -> DictConfig:
+    """Compose config.yaml with Hydra's Compose API (outside any Hydra app state).
+
+    The search path is Hydra's own configs, the user's config folders (``user_config_dirs``),
+    the packaged CONF_DIR, then the ConfigStore, where the schema lives and where a plugin's
+    method or benchmark without a YAML file gets the node ``{name: NAME}``. Hydra's public
+    ``initialize_config_dir`` takes one folder and ``hydra.searchpath`` appends after it, so the
+    search path is built with Hydra's own helpers (pinned to hydra-core 1.3)."""
+    import yaml
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from rredcot_cli.plugins import plugin_options
     from rredcot_cli.schema import Config
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=Config)
+    for group in ("method", "benchmark"):
+        for name in plugin_options(group):
+            if config_file(group, name, config_dirs) is None:
+                store.store(group=group, name=name, node={"name": name})
+    search_path = create_config_search_path(None)
+    search_path.prepend("main", f"file://{CONF_DIR}", anchor=SearchPathQuery(provider="schema"))
+    for folder in user_config_dirs(config_dirs):
+        search_path.prepend("rredcot-user", f"file://{folder}", anchor=SearchPathQuery(provider="main"))
     global_hydra = GlobalHydra.instance()
     previous = global_hydra.hydra  # e.g. inside a @hydra.main sweep entry point
     global_hydra.clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+        version.setbase("1.3")
+        Hydra.create_main_hydra2(task_name="rredcot", config_search_path=search_path)
+        return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise _translate(e, overrides) from e
+        raise _translate(e, overrides, config_dirs) from e
+    except yaml.YAMLError as e:
+        raise _yaml_error(e) from e
     finally:
         GlobalHydra.instance().hydra = previous
 
@@ -322,7 +419,8 @@ def _check_inputs(inputs: Any) -> None:
             raise ConfigError(f"inputs.{key}={value}: expected a path (a string)")
 
 
-def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]]) -> None:
+def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
+                    config_dirs: Sequence[str | Path] = ()) -> None:
     """Check ``cfg.method`` against the chosen method's declared parameters, filling defaults.
 
     Replaces ``cfg.method`` with ``{name, **params}`` where params are the method's dataclass
@@ -340,7 +438,7 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]]) ->
 
     node = OmegaConf.to_container(cfg.method, resolve=False) if cfg.method is not None else None
     if not isinstance(node, dict) or not node.get("name"):
-        valid = ", ".join(group_options().get("method", []))
+        valid = ", ".join(group_options(config_dirs).get("method", []))
         raise ConfigError(f"no method chosen; pass method=NAME (valid methods: {valid})")
     name = node.pop("name")
     try:
@@ -533,11 +631,41 @@ def _unresolvable_key(cfg: DictConfig, container: Any, prefix: str = "") -> str 
     return None
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
+def _import_plugins(specs: Any) -> None:
+    from rredcot_cli.plugins import import_plugin
+
+    if isinstance(specs, str) or not isinstance(specs, (list, tuple)):
+        raise ConfigError(f"plugins={specs}: expected a list of modules or .py files, e.g. plugins=[my_pkg.credit]")
+    for spec in specs:
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError(f"plugins: {spec!r} is not a module name or a .py file")
+        import_plugin(spec.strip())
+
+
+def _command_line_plugins(overrides: Sequence[str]) -> None:
+    """Import the ``plugins=[...]`` given on the command line before the overrides are checked,
+    so the methods and benchmarks they register are options of ``method=``/``benchmark=``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    for text in overrides:
+        if text.lstrip("+").split("=", 1)[0].strip() != "plugins":
+            continue
+        try:
+            value = OverridesParser.create().parse_overrides([text])[0].value()
+        except OverrideParseException as e:
+            raise _parse_error(str(e)) from e
+        _import_plugins(value)
+
+
+def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()) -> DictConfig:
     """The resolved, read-only config for ``overrides`` (Hydra override syntax).
 
-    Steps: check and split the overrides; compose ``config.yaml`` + groups + experiment with
-    Hydra; refuse keys outside the schema; check ``inputs``; check the method's parameters
+    ``config_dirs``: the user's config folders, searched before ``$RREDCOT_CONFIG_PATH`` and the
+    packaged tree (``search_dirs``). Steps: import the ``plugins=`` named on the command line;
+    check and split the overrides; compose ``config.yaml`` + groups + experiment with
+    Hydra; refuse keys outside the schema; check ``inputs``; import ``plugins`` (those set in
+    YAML files too); check the method's parameters
     against its registry entry (this imports the method registry, hence torch); resolve
     interpolations (``run.dir`` defaults to ``runs/<YYYYmmdd-HHMMSS>``, from the ``now``
     resolver); check every numeric option against its range (``check_ranges``). Raises
@@ -549,8 +677,9 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     from rredcot_cli.schema import Config
 
     overrides = list(overrides)
-    hydra_overrides, method_overrides = _parse_overrides(overrides)
-    cfg = _hydra_compose(hydra_overrides)
+    _command_line_plugins(overrides)
+    hydra_overrides, method_overrides = _parse_overrides(overrides, config_dirs)
+    cfg = _hydra_compose(hydra_overrides, config_dirs)
     if not OmegaConf.has_resolver("now"):  # Hydra registers it; keep working if it stops doing so
         from datetime import datetime
 
@@ -560,7 +689,8 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     container = OmegaConf.to_container(cfg, resolve=False)
     _check_against_schema(container, Config)
     _check_inputs(container["inputs"])
-    _resolve_method(cfg, method_overrides)
+    _import_plugins(container["plugins"])
+    _resolve_method(cfg, method_overrides, config_dirs)
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:

@@ -227,12 +227,15 @@ def segment_rows(
     return rows
 
 
-def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | None = None) -> CreditBatch:
+def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | None = None,
+                 benchmark: Any = None) -> CreditBatch:
     """Pack samples and their segments into padded tensors; rows of ``samples`` keep their order.
 
     ``old_logprobs`` holds the sampling log-probs recorded at generation (the proposal density
     that importance-sampling estimators need); ``answer_probe`` is the benchmark's forced-answer
-    template for probing values.
+    template for probing values; ``benchmark`` the configured benchmark object, whose ``verify``
+    methods that score new text (mc) use for rows of its name, with its settings (e.g. a
+    ``jsonl`` benchmark's extractor), rather than one rebuilt from the name.
 
     Raises ValueError if a completion has no segments (the artifacts do not belong together)."""
     by_key: dict[tuple[str, int], list[dict]] = {}
@@ -271,6 +274,7 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
             "answer_probe": answer_probe,
             # Benchmark name per row, so methods that verify new text (mc) can rebuild the verifier.
             "benchmarks": [s.get("benchmark") for s in samples],
+            "benchmark": benchmark,
         },
     )
 

@@ -91,6 +91,22 @@ class BenchmarkConfig:
     data_seed: int = 1234
     # Seconds the answer verifier may spend on one completion before it counts as unscorable.
     verify_timeout_s: float = 5.0
+    # benchmark=jsonl (rredcot_cli/benchmarks/jsonl.py): the row fields holding the question, the
+    # gold answer and a unique id (null: the row index); the prompt ({question} is replaced;
+    # null: the boxed step-by-step prompt); the answer extractor: boxed | last_number | regex |
+    # none (the whole completion); answer_regex: its last match (group 1 if it has a group);
+    # the verifier: math_verify | exact | numeric (|a-g| <= tolerance * max(1, |g|)) | a
+    # function pkg.mod:fn(answer, gold) -> float | bool | None.
+    question_field: str = "question"
+    answer_field: str = "answer"
+    id_field: Optional[str] = None
+    prompt_template: Optional[str] = None
+    extractor: str = "boxed"
+    answer_regex: Optional[str] = None
+    verifier: str = "math_verify"
+    tolerance: float = 1e-6
+    # Keyword arguments for a user benchmark's constructor (docs/extending.md).
+    options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -320,6 +336,10 @@ class Config:
     # (rredcot_cli/tracking.py): tensorboard, wandb, trackio, mlflow; e.g. tracking=[tensorboard].
     # Not part of any config hash.
     tracking: List[str] = field(default_factory=list)
+    # Python modules (pkg.mod) or .py files imported when the config is composed, registering
+    # credit methods and benchmarks of the user's own (rredcot_cli/plugins.py, docs/extending.md).
+    # Installed plugins need not be named: their entry points are found by themselves.
+    plugins: List[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- ranges
@@ -347,6 +367,7 @@ RANGES: Dict[str, str] = {
     "benchmark.min_steps": "[1, benchmark.max_steps]",
     "benchmark.data_seed": ">= 0",
     "benchmark.verify_timeout_s": "> 0",
+    "benchmark.tolerance": ">= 0",
     "segment.tokens": ">= 1",
     "segment.min_tokens": ">= 0",
     "segment.max_segments": ">= 1",

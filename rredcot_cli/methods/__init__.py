@@ -1,7 +1,10 @@
 """Registry of credit-assignment methods: one module per method, each registering itself.
 
 Adding a method means adding one file here that decorates its function with ``@register``;
-stages look methods up by name and never branch on it.
+stages look methods up by name and never branch on it. Methods from outside the package register
+the same way, from a module named by an entry point of group ``rredcot.methods`` (imported when
+its name is first looked up) or by ``plugins=[...]`` (``rredcot_cli.plugins``); see
+docs/extending.md for the contract.
 """
 
 from __future__ import annotations
@@ -54,13 +57,42 @@ def _discover() -> None:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
-def method_names() -> list[str]:
-    _discover()
+def registered_names() -> list[str]:
+    """Names registered so far in this process (no discovery, no import)."""
     return sorted(_REGISTRY)
 
 
+def _load_entry_point(name: str) -> None:
+    """Import the plugin module behind entry point ``name`` of group ``rredcot.methods``; it must
+    register a method of that name (``@register(name, ...)``)."""
+    from rredcot_cli.plugins import METHOD_GROUP, PluginError, load_entry_point
+
+    loaded = load_entry_point(METHOD_GROUP, name)
+    if name not in _REGISTRY:
+        raise PluginError(f"entry point '{name}' of group {METHOD_GROUP} was imported but registered no method "
+                          f"'{name}'; decorate its function with @rredcot_cli.methods.register({name!r}, params=...)")
+    if callable(loaded) and not isinstance(loaded, type) and loaded is not _REGISTRY[name].fn:
+        raise PluginError(f"entry point '{name}' of group {METHOD_GROUP} points at {loaded!r}, but method "
+                          f"'{name}' is registered as {_REGISTRY[name].fn!r}")
+
+
+def method_names() -> list[str]:
+    """Built-in methods, methods registered by plugins, and entry points of group
+    ``rredcot.methods`` (listed without importing them)."""
+    from rredcot_cli.plugins import METHOD_GROUP, entry_point_names
+
+    _discover()
+    return sorted(set(_REGISTRY) | set(entry_point_names(METHOD_GROUP)))
+
+
 def get_method(name: str) -> MethodSpec:
+    """The registry entry of ``name``. KeyError if no method has that name; ``PluginError`` (one
+    line) if its entry point fails to import or registers nothing under that name."""
     _discover()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown method {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+        from rredcot_cli.plugins import METHOD_GROUP, entry_point_names
+
+        if name not in entry_point_names(METHOD_GROUP):
+            raise KeyError(f"unknown method {name!r}; valid: {', '.join(method_names())}")
+        _load_entry_point(name)
     return _REGISTRY[name]

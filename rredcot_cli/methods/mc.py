@@ -123,7 +123,8 @@ def vineppo_credit(values: torch.Tensor, batch: CreditBatch, clip_reward: float 
 
 def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int]], Optional[float]]:
     """``verify(i, completion_ids)``: the benchmark's reward for new completion tokens of row i,
-    rebuilt from the benchmark name and gold answer stored with each sample."""
+    rebuilt from the benchmark name and gold answer stored with each sample (the configured
+    benchmark object in ``batch.extras['benchmark']`` for rows of its name, so its settings hold)."""
     from rredcot_cli.benchmarks import Problem, make_benchmark
 
     extras = batch.extras or {}
@@ -133,7 +134,9 @@ def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int]], 
                          "(batch.extras['benchmarks'], filled by rollout.credit_batch from the samples)")
     gold = extras["gold_answers"]
     prompt_ids = extras.get("prompt_ids") or [str(i) for i in range(len(gold))]
-    benchmarks = {name: make_benchmark(name) for name in set(names)}
+    configured = extras.get("benchmark")
+    benchmarks = {name: configured if getattr(configured, "name", None) == name else make_benchmark(name)
+                  for name in set(names)}
     problems = [Problem(prompt_id=str(prompt_ids[i]), question="", gold_answer=str(gold[i])) for i in range(len(gold))]
 
     def verify(i: int, completion_ids: list[int]) -> Optional[float]:

@@ -38,8 +38,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     collaborators = make_collaborators(cfg, spec, make_policy(cfg)) if spec.needs else {}
     warn_if_untrained_critic(cfg, spec)
     started = time.perf_counter()
-    answer_probe = getattr(make_benchmark(cfg), "ANSWER_PROBE", None)
-    batch = credit_batch(samples, segments, answer_probe=answer_probe)
+    benchmark = make_benchmark(cfg)
+    batch = credit_batch(samples, segments, answer_probe=getattr(benchmark, "ANSWER_PROBE", None), benchmark=benchmark)
     credit = attribute(spec, batch, params, collaborators)
     seconds = time.perf_counter() - started
 

@@ -25,11 +25,14 @@ def seed_everything(seed: int) -> None:
 
 
 def make_benchmark(cfg: DictConfig):
+    """The benchmark of ``cfg.benchmark``: every setting but the name and the splits goes to
+    ``benchmarks.make_benchmark``, which hands each constructor the ones it takes."""
     from rredcot_cli.benchmarks import make_benchmark as build
 
-    b = cfg.benchmark
-    return build(b.name, path=b.path, min_steps=b.min_steps, max_steps=b.max_steps,
-                 data_seed=b.data_seed, verify_timeout_s=b.verify_timeout_s)
+    settings = OmegaConf.to_container(cfg.benchmark, resolve=True)
+    for key in ("train_split", "eval_split"):
+        settings.pop(key, None)
+    return build(settings.pop("name"), **settings)
 
 
 def make_policy(cfg: DictConfig, model_path: str | None = None):

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli import artifacts, runs
-from rredcot_cli.config import CONF_DIR, ConfigError, check_method_ranges
+from rredcot_cli.config import ConfigError, check_method_ranges, config_file
 from rredcot_cli.errors import one_line
 from rredcot_cli.stages.common import (
     console,
@@ -59,9 +59,11 @@ def judged_methods(requested: list[str] | None) -> list[str]:
 
 
 def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
-    """Parameters of method ``name``: its dataclass defaults, then ``conf/method/<name>.yaml``,
-    then ``changes`` (``judge.params.<name>``). A key the method does not declare, or a value
-    of the wrong type, raises ``ConfigError`` naming ``judge.params.<name>.<key>``."""
+    """Parameters of method ``name``: its dataclass defaults, then its ``method/<name>.yaml``
+    (the first on the config search path: the user's config folders, then the packaged ones;
+    none for a plugin method without one), then ``changes`` (``judge.params.<name>``). A key the
+    method does not declare, or a value of the wrong type, raises ``ConfigError`` naming
+    ``judge.params.<name>.<key>``."""
     from omegaconf.errors import OmegaConfBaseException
 
     from rredcot_cli.methods import get_method
@@ -69,10 +71,10 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
     spec = get_method(name)
     params = OmegaConf.structured(spec.params)
     OmegaConf.set_struct(params, True)
-    yaml_file = CONF_DIR / "method" / f"{name}.yaml"
-    defaults = OmegaConf.to_container(OmegaConf.load(yaml_file)) if yaml_file.is_file() else {}
+    yaml_file = config_file("method", name)
+    defaults = OmegaConf.to_container(OmegaConf.load(yaml_file)) if yaml_file is not None else {}
     defaults.pop("name", None)
-    for prefix, layer in [(f"conf/method/{name}.yaml: ", defaults), (f"judge.params.{name}.", dict(changes or {}))]:
+    for prefix, layer in [(f"{yaml_file}: ", defaults), (f"judge.params.{name}.", dict(changes or {}))]:
         for key, value in layer.items():
             if key not in spec.param_names():
                 raise ConfigError(f"unknown key '{prefix}{key}' for method '{name}'; valid keys: "
@@ -173,7 +175,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     with progress_bar("judge", total=len(batches) * (1 + len(names))) as advance:
         for index, (batch_samples, batch_segments) in enumerate(batches):
             where = f"batch {index + 1}/{len(batches)}: " if len(batches) > 1 else ""
-            batch = credit_batch(batch_samples, batch_segments, answer_probe=answer_probe)
+            batch = credit_batch(batch_samples, batch_segments, answer_probe=answer_probe, benchmark=benchmark)
             targets = None
             if checks_steps(benchmark):
                 targets = first_error_segments(batch_samples, batch.segment_ids, benchmark,
@@ -198,7 +200,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 warn_if_untrained_critic(cfg, spec)
                 row = judge_method(name, all_params[name], batch_samples, batch_segments, answer_probe, collaborators,
                                    ref_values, targets, reruns=cfg.judge.reruns, seed=cfg.seed,
-                                   sample_seconds=batch_sample_seconds[index])
+                                   sample_seconds=batch_sample_seconds[index], benchmark=benchmark)
                 rows.append({**row, "batch": index})
                 advance(1)
     seconds = time.perf_counter() - started
@@ -221,8 +223,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 def judge_method(name: str, params: dict[str, Any], samples: list[dict], segments: list[dict],
                  answer_probe: str | None, collaborators: dict[str, Any], ref_values, targets: list | None, *, reruns: int, seed: int,
-                 sample_seconds: float | None) -> dict[str, Any]:
-    """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces."""
+                 sample_seconds: float | None, benchmark: Any = None) -> dict[str, Any]:
+    """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces
+    (``benchmark``: the configured one, for methods that verify new text)."""
     from rredcot_cli.judge import advantage_spread, agreement, constant_within_completions, localisation
     from rredcot_cli.methods import get_method
     from rredcot_cli.rollout import attribute, credit_batch
@@ -237,7 +240,7 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
     for r in range(reruns):
         rerun_seed = runs.derive_seed(seed, "judge", "rerun", r)
         seed_everything(rerun_seed)
-        batch = credit_batch(samples, segments, answer_probe=answer_probe)
+        batch = credit_batch(samples, segments, answer_probe=answer_probe, benchmark=benchmark)
         started = time.perf_counter()
         credit = attribute(spec, batch, seeded(params, rerun_seed), collaborators)
         seconds = time.perf_counter() - started

@@ -160,12 +160,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             return _credit(samples, mine, segments)
 
     def _credit(samples: list[dict], mine: list[dict], segments: list[dict]):
-        batch = credit_batch(mine, segments, answer_probe=answer_probe)
+        batch = credit_batch(mine, segments, answer_probe=answer_probe, benchmark=benchmark)
         credit = attribute(spec, batch, params, collaborators) if mine else None
         if mine is samples:
             return segments, batch, credit
         segments = parallel.concat(segments)
-        mine_batch, batch = batch, credit_batch(samples, segments, answer_probe=answer_probe)
+        mine_batch, batch = batch, credit_batch(samples, segments, answer_probe=answer_probe, benchmark=benchmark)
         batch.extras["value_stats"] = (mine_batch.extras or {}).get("value_stats")  # this rank's share
         mine_credit = credit or Credit(*(torch.zeros(0, 0),) * 3)  # a rank with no groups this step
         return segments, batch, Credit(

@@ -1,0 +1,171 @@
+"""``benchmark=jsonl``: any local JSONL/JSON/Parquet file (or folder of ``<split>.*`` files, or
+HF hub id) with a question and an answer per row, in any answer format.
+
+A row gives ``question_field`` (the problem text) and ``answer_field`` (the gold answer, turned
+into a string), and optionally ``id_field`` (a unique id; default the row index). The model's
+answer is taken from the completion by an **extractor** and compared with the gold by a
+**verifier**:
+
+==============  ==================================================================================
+extractor       what counts as the answer
+==============  ==================================================================================
+``boxed``       the content of the last ``\\boxed{...}``
+``last_number`` the last number written (``1,234`` -> ``1234``)
+``regex``       the last match of ``answer_regex`` (its first group if it has one)
+``none``        the whole completion, stripped
+==============  ==================================================================================
+
+==================  ==============================================================================
+verifier            1.0 when
+==================  ==============================================================================
+``math_verify``     math-verify finds answer and gold equal (under ``verify_timeout_s``)
+``exact``           answer == gold after stripping whitespace
+``numeric``         both parse as numbers and ``|a - g| <= tolerance * max(1, |g|)``
+``pkg.mod:fn``      ``fn(answer, gold)`` returns a true value or a number (None: unscorable)
+==================  ==============================================================================
+
+A completion from which the extractor gets nothing scores 0.0.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import islice
+from typing import Any, Callable
+
+from rredcot_cli.benchmarks.base import Problem
+from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
+from rredcot_cli.errors import RredcotError, one_line
+
+EXTRACTORS = ("boxed", "last_number", "regex", "none")
+VERIFIERS = ("math_verify", "exact", "numeric")  # or a user function as module:attr
+_NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+# Forced-answer probes (RREDCoT's answer_probe) per extractor: text the extractor reads back.
+_PROBES = {"boxed": BoxedMathBenchmark.ANSWER_PROBE, "last_number": "\nThe final answer is {answer}"}
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` with thousands separators removed (``"x = 1,234."`` -> ``"1234"``)."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+class JSONLBenchmark:
+    """A question/answer file with a configurable extractor and verifier (see the module docstring)."""
+
+    name = "jsonl"
+
+    def __init__(
+        self,
+        path: str | None = None,
+        verify_timeout_s: float = 5.0,
+        question_field: str = "question",
+        answer_field: str = "answer",
+        id_field: str | None = None,
+        prompt_template: str | None = None,
+        extractor: str = "boxed",
+        answer_regex: str | None = None,
+        verifier: str = "math_verify",
+        tolerance: float = 1e-6,
+    ) -> None:
+        if extractor not in EXTRACTORS:
+            raise RredcotError(f"benchmark.extractor={extractor}: expected one of {', '.join(EXTRACTORS)}")
+        self.path = path
+        self.verify_timeout_s = verify_timeout_s
+        self.question_field, self.answer_field, self.id_field = question_field, answer_field, id_field
+        self.extractor, self.verifier, self.tolerance = extractor, verifier, tolerance
+        # Only {question} is replaced, so a template may hold braces (\boxed{}) as they are.
+        self.prompt_template = prompt_template or BoxedMathBenchmark.PROMPT_TEMPLATE.format(question="{question}")
+        if "{question}" not in self.prompt_template:
+            raise RredcotError(f"benchmark.prompt_template={self.prompt_template!r}: must contain {{question}}")
+        self.ANSWER_PROBE = _PROBES.get(extractor)
+        self._regex = None
+        if extractor == "regex":
+            if not answer_regex:
+                raise RredcotError("benchmark.extractor=regex needs benchmark.answer_regex=PATTERN")
+            try:
+                self._regex = re.compile(answer_regex)
+            except re.error as e:
+                raise RredcotError(f"benchmark.answer_regex={answer_regex!r}: not a regular expression ({e})") from None
+        self._user_verifier: Callable[[str, str], Any] | None = None
+        if verifier not in VERIFIERS:
+            if ":" not in verifier:
+                raise RredcotError(f"benchmark.verifier={verifier}: expected one of {', '.join(VERIFIERS)} "
+                                   f"or a function as module:attr")
+            from rredcot_cli.plugins import load_attr
+
+            self._user_verifier = load_attr(verifier, "benchmark.verifier")
+            if not callable(self._user_verifier):
+                raise RredcotError(f"benchmark.verifier={verifier}: not a function")
+
+    def load(self, split: str, limit: int | None = None) -> list[Problem]:
+        """Problems of ``split`` in file order (a single file serves every split)."""
+        from rredcot_cli.data import read_split
+
+        if self.path is None:
+            raise RredcotError("benchmark jsonl needs benchmark.path=FILE (JSONL, JSON or Parquet) or a folder")
+        problems, seen = [], set()
+        for index, (location, row) in enumerate(islice(read_split(self.name, split, self.path), limit)):
+            question, answer = row.get(self.question_field), row.get(self.answer_field)
+            if not isinstance(question, str) or answer is None or str(answer).strip() == "":
+                raise RredcotError(f"{location}: a row needs a string field '{self.question_field}' and a non-empty "
+                                   f"'{self.answer_field}' (benchmark.question_field, benchmark.answer_field)")
+            key = str(index) if self.id_field is None else str(row.get(self.id_field, ""))
+            if not key or key in seen:
+                raise RredcotError(f"{location}: {'missing' if not key else 'duplicate'} id "
+                                   f"'{self.id_field}' {key!r} (benchmark.id_field)")
+            seen.add(key)
+            problems.append(Problem(prompt_id=f"{self.name}/{split}/{key}", question=question,
+                                    gold_answer=str(answer).strip(), meta={"index": index}))
+        if not problems and limit != 0:
+            raise RredcotError(f"benchmark {self.name}: split {split!r} ({self.path}) has no rows")
+        return problems
+
+    def prompt(self, problem: Problem) -> str:
+        return self.prompt_template.replace("{question}", problem.question)
+
+    def extract_answer(self, completion: str) -> str | None:
+        if self.extractor == "boxed":
+            from rredcot_cli.verify import extract_boxed
+
+            return extract_boxed(completion)
+        if self.extractor == "last_number":
+            return last_number(completion)
+        if self.extractor == "regex":
+            matches = list(self._regex.finditer(completion))
+            if not matches:
+                return None
+            last = matches[-1]
+            return (last.group(1) if self._regex.groups else last.group(0)).strip()
+        return completion.strip()
+
+    def verify(self, completion: str, problem: Problem) -> float | None:
+        answer = self.extract_answer(completion)
+        if answer is None:
+            return 0.0
+        gold = problem.gold_answer
+        if self._user_verifier is not None:
+            try:
+                result = self._user_verifier(answer, gold)
+            except Exception as e:  # noqa: BLE001 - user code: one line naming it
+                raise RredcotError(f"benchmark.verifier={self.verifier} failed on answer {answer[:80]!r}: "
+                                   f"{type(e).__name__}: {one_line(e)}") from e
+            return None if result is None else float(result)
+        if self.verifier == "exact":
+            return float(answer.strip() == gold.strip())
+        if self.verifier == "numeric":
+            a, g = _as_number(answer), _as_number(gold)
+            if g is None:
+                return None  # a gold that is not a number: unscorable, not wrong
+            return float(a is not None and abs(a - g) <= self.tolerance * max(1.0, abs(g)))
+        from rredcot_cli.verify import math_equal
+
+        result = math_equal(gold, "\\boxed{" + answer + "}", timeout_s=self.verify_timeout_s)
+        return None if result is None else float(result)
