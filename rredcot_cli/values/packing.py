@@ -11,6 +11,11 @@ Two interchangeable scorers (tests check both against scoring each prefix from s
 Position ids of a probe continue from its prefix, so each probe sees exactly what it would see
 if ``trace[:prefix_len] + probe`` were run alone: cost grows with trace length + total probe
 length, not with trace length x boundaries.
+
+Both scorers first merge probes that compute the same thing (``merge_probes``): traces of one
+group often share their first steps token for token, so many probes have the same prefix and the
+same tokens; each is run once, and a probe that some encoded trace continues with is read off that
+trace's encoding pass.
 """
 
 from __future__ import annotations
@@ -26,6 +31,56 @@ class Probe:
     prefix_len: int  # trace tokens the probe sees (prompt + completion up to a boundary); >= 1
     tokens: tuple[int, ...]  # probe tokens appended after the prefix
     scored_from: int = 0  # log-probs are returned for tokens[scored_from:]
+
+
+def merge_probes(traces: list[list[int]], probes: list[Probe]) -> tuple[list[Probe], list[int]]:
+    """The distinct probes, and for each probe the index of its distinct one.
+
+    Two probes are the same when their prefixes are the same tokens (``trace[:prefix_len]``, of
+    the same or another trace) and they score the same tokens from the same offset: the model gives
+    them the same log-probs. A distinct probe is kept on a trace that itself continues with the
+    probe's tokens after that prefix, when one of the traces that have probes does (the KV-cache
+    scorer reads such a probe off the trace's encoding pass), else on its first trace."""
+    for probe in probes:
+        if not 1 <= probe.prefix_len <= len(traces[probe.trace]):
+            raise ValueError(f"probe prefix_len {probe.prefix_len} outside trace of length {len(traces[probe.trace])}")
+    if not probes:
+        return [], []
+    owners = sorted({p.trace for p in probes})
+    lengths = sorted({p.prefix_len for p in probes})
+    # Traces that share each probe prefix: classes keyed by (prefix length, rolling hash of the
+    # prefix), a member admitted only when its tokens equal the first member's (no collisions).
+    classes: dict[tuple, list[int]] = {}
+    class_of: dict[tuple[int, int], tuple] = {}  # (trace, prefix length) -> its class key
+    for t in owners:
+        trace, h, at = traces[t], 0, 0
+        for n in lengths:
+            if n > len(trace):
+                break
+            for token in trace[at:n]:
+                h = (h * 1_000_003 + token + 1) % (2**61 - 1)
+            at = n
+            key = (n, h)
+            members = classes.setdefault(key, [])
+            if members and traces[members[0]][:n] != trace[:n]:
+                key = (n, h, t)  # a hash collision: a class of its own
+                members = classes.setdefault(key, [])
+            members.append(t)
+            class_of[(t, n)] = key
+    merged: list[Probe] = []
+    where: list[int] = []
+    seen: dict[tuple, int] = {}
+    for probe in probes:
+        prefix_class = class_of[(probe.trace, probe.prefix_len)]
+        key = (prefix_class, probe.tokens, probe.scored_from)
+        if key not in seen:
+            start, end = probe.prefix_len, probe.prefix_len + len(probe.tokens)
+            home = next((t for t in classes[prefix_class] if tuple(traces[t][start:end]) == probe.tokens), probe.trace)
+            seen[key] = len(merged)
+            merged.append(Probe(trace=home, prefix_len=probe.prefix_len, tokens=probe.tokens,
+                                scored_from=probe.scored_from))
+        where.append(seen[key])
+    return merged, where
 
 
 def _rows(traces: list[list[int]], probes: list[Probe], max_row_tokens: int) -> list[tuple[int, list[int]]]:
@@ -85,6 +140,7 @@ def packed_probe_logprobs(
     scored_from,) per probe, in the order of ``probes``. ``stats["forward_tokens"]`` counts the
     positions run through the model (padding included).
     """
+    probes, where = merge_probes(traces, probes)
     results: list[torch.Tensor | None] = [None] * len(probes)
     # A row re-encodes its trace, so rows are allowed to grow to a few trace lengths.
     longest = max((len(t) for t in traces), default=0)
@@ -133,7 +189,7 @@ def packed_probe_logprobs(
             targets = torch.tensor(probe.tokens)
             token_logprobs = logprobs[r, sources.to(logprobs.device), targets.to(logprobs.device)]
             results[index] = token_logprobs[probe.scored_from :].float().cpu()
-    return results  # type: ignore[return-value]
+    return [results[w] for w in where]  # type: ignore[misc]
 
 
 @torch.no_grad()
@@ -203,6 +259,7 @@ def cached_probe_logprobs(
     cost stays linear in trace length at a fixed number of probes per token.
     ``stats["forward_tokens"]`` counts trace and probe positions run (padding included).
     """
+    probes, where = merge_probes(traces, probes)
     results: list[torch.Tensor | None] = [None] * len(probes)
     by_trace: dict[int, list[int]] = {}
     for index, probe in enumerate(probes):
@@ -261,7 +318,7 @@ def cached_probe_logprobs(
                     continue
             _run_probe_rows(model, layers, local, traces, probes, batch, widest, neg, device, results, stats)
             batch, widest = ([row], sum(len(probes[i].tokens) + 1 for i in row[1])) if row is not None else ([], 0)
-    return results  # type: ignore[return-value]
+    return [results[w] for w in where]  # type: ignore[misc]
 
 
 def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, device, results, stats) -> None:
