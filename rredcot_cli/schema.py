@@ -200,6 +200,12 @@ class TrainConfig:
     # Completions per forward/backward pass, gradients accumulated over the minibatch (same
     # update as one pass); 0: the whole minibatch at once. Not hashed (changes memory, not math).
     micro_batch_size: int = 0
+    # At most this many padded positions (rows x longest prompt + completion) per forward/backward
+    # pass; rows are sorted by length before they are cut, so a pass pads little (same update).
+    # -1: auto = 1024 on CPU in one process (measured fastest for the embedded model,
+    # docs/throughput.md), no limit on GPU or under torchrun; 0: no limit (and no sorting). Not
+    # hashed (changes speed and memory, not math).
+    micro_batch_tokens: int = -1
     # Completion positions per chunk of LM head + log-softmax, so full-vocabulary fp32 logits are
     # never held for a whole micro-batch; 0: one pass. Not hashed.
     logprob_chunk_tokens: int = 1024
@@ -208,6 +214,13 @@ class TrainConfig:
     # sequence_mask, with the cap below (rredcot_cli/loss.py, as TRL's vllm_importance_sampling_*).
     sampler_correction: str = "none"
     sampler_correction_cap: float = 2.0
+    # Old log-probs of the policy update: recompute (a pre-update pass over the batch) | sampler
+    # (the log-probs the sampler recorded; right only when it is the trained model in the same
+    # precision) | auto (sampler with backend=hf, train.precision fp32 and no sampler_correction,
+    # where the two differ by float rounding: max |diff| 6.5e-5 nats, docs/throughput.md; else
+    # recompute). Without the pass, the entropy metric comes from the first pass's forwards and
+    # sampler_kl is null.
+    old_logprobs: str = "auto"
     # Under torchrun (world size > 1): ddp (DistributedDataParallel, the default) or fsdp2
     # (fully_shard: weights, gradients and optimizer state sharded over ranks); see
     # rredcot_cli/distributed.py. Ignored in one process. Not hashed (the same run either way).
@@ -398,6 +411,7 @@ RANGES: Dict[str, str] = {
     "train.max_nonfinite_updates": ">= 0; 0 never stops",
     "train.max_sampling_rounds": ">= 1",
     "train.micro_batch_size": ">= 0; 0 turns it off",
+    "train.micro_batch_tokens": ">= -1; -1 is auto, 0 turns it off",
     "train.logprob_chunk_tokens": ">= 0; 0 turns it off",
     "train.sampler_correction_cap": "> 0",
     "train.dist_timeout_s": "> 0",

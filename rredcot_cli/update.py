@@ -17,7 +17,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-from rredcot_cli.distributed import DataParallel, is_logprob_root
+from rredcot_cli.distributed import DataParallel, is_logprob_root, split_evenly
 from rredcot_cli.logprobs import completion_logprobs
 from rredcot_cli.loss import loss_normalizer, policy_loss, sampler_correction_weights
 from rredcot_cli.precision import GradientStepper, Precision
@@ -51,12 +51,16 @@ class ForwardPass:
     those of the distribution the completions were drawn from. ``chunk_tokens``: LM-head chunk
     (``logprobs.completion_logprobs``; 0 = one pass). ``micro_batch_size``: rows per forward and
     backward, gradients accumulated over a minibatch (0 = the whole minibatch at once).
-    ``autocast``: the precision context (``Precision.autocast``)."""
+    ``micro_batch_tokens``: also at most this many padded positions per forward (0 = no limit);
+    with it, rows are sorted by length before they are cut into micro-batches (``micro_batches``),
+    so each pass pads to rows of similar length. ``autocast``: the precision context
+    (``Precision.autocast``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     chunk_tokens: int = 0
     micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
     autocast: Callable[[], ContextManager] = field(default=nullcontext)
 
     def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
@@ -70,6 +74,62 @@ class ForwardPass:
 
     def rows_per_pass(self, minibatch_size: int) -> int:
         return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
+
+
+OLD_LOGPROBS = ("auto", "recompute", "sampler")
+
+
+def old_from_sampler(choice: str, backend: str, precision: str, sampler_correction: str) -> bool:
+    """Whether the update takes the sampler's recorded log-probs as its old log-probs
+    (``train.old_logprobs``). ``auto`` does so only where sampler and trainer are one model in one
+    precision: the HF backend generates with the trained module itself, and in fp32 its recorded
+    log-probs equal a teacher-forced pass up to float rounding (measured: at most 6.5e-5 nats,
+    mean 6e-8, on 384 completions of the embedded model; ``tests/test_throughput.py`` checks
+    1e-4). vLLM (other kernels), mixed precision and a sampler correction (which needs both
+    numbers) recompute."""
+    if choice not in OLD_LOGPROBS:
+        raise ValueError(f"train.old_logprobs={choice}: unknown; valid: {', '.join(OLD_LOGPROBS)}")
+    if choice == "sampler" and sampler_correction != "none":
+        raise ValueError(f"train.old_logprobs=sampler with train.sampler_correction={sampler_correction}: the "
+                         "correction compares the sampler's log-probs with recomputed ones; use recompute")
+    if choice == "auto":
+        return backend == "hf" and precision == "fp32" and sampler_correction == "none"
+    return choice == "sampler"
+
+
+def auto_micro_batch_tokens(value: int, device: str, world_size: int = 1) -> int:
+    """``train.micro_batch_tokens``: -1 (auto) is 1024 positions on CPU in one process, where short
+    forwards of similar rows were fastest for the embedded model (docs/throughput.md); no limit on
+    GPU, nor under torchrun, where every rank makes as many passes as the one with the most and
+    the others would wait in zero-weighted ones."""
+    if value >= 0:
+        return value
+    return 1024 if str(device).startswith("cpu") and world_size == 1 else 0
+
+
+def micro_batches(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]], max_rows: int,
+                  max_tokens: int = 0) -> list[list[int]]:
+    """``rows`` cut into micro-batches of at most ``max_rows`` rows; gradients accumulated over
+    them sum to those of one pass over ``rows``. Without ``max_tokens``, consecutive runs of
+    ``rows`` in their order. With ``max_tokens`` > 0, ``rows`` sorted by length (prompt +
+    completion) and cut so that no micro-batch exceeds that many padded positions (rows x (longest
+    prompt + longest completion); a longer single row is a micro-batch alone): rows of similar
+    length share a forward, so little of it is padding."""
+    if max_tokens <= 0:
+        step = max(1, max_rows)
+        return [list(rows[k : k + step]) for k in range(0, len(rows), step)]
+    order = sorted(rows, key=lambda i: (len(prompt_ids[i]) + len(completion_ids[i]), i))
+    out: list[list[int]] = []
+    width_p = width_c = 0
+    for i in order:
+        p, c = max(width_p, len(prompt_ids[i])), max(width_c, len(completion_ids[i]))
+        if out and len(out[-1]) < max(1, max_rows) and len(out[-1]) * (p + c) + p + c <= max_tokens:
+            out[-1].append(i)
+            width_p, width_c = p, c
+        else:
+            out.append([i])
+            width_p, width_c = len(prompt_ids[i]), len(completion_ids[i])
+    return out
 
 
 @dataclass
@@ -107,21 +167,25 @@ def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk
     other rank (sharded weights need all ranks in every pass), and the results are all-gathered."""
     B = len(completion_ids)
     T = max((len(c) for c in completion_ids), default=0)
-    rows = parallel.share(range(B))
-    logprobs = torch.zeros(len(rows), T)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    entropies = torch.zeros(len(rows), T)
-    for k in range(parallel.passes(B, chunk_size)):
-        chunk = rows[k * chunk_size : (k + 1) * chunk_size]
+    shares = [micro_batches(share, prompt_ids, completion_ids, chunk_size, forward.micro_batch_tokens)
+              for share in split_evenly(range(B), parallel.world_size)]
+    first = sum(len(share) for share in split_evenly(range(B), parallel.world_size)[: parallel.rank])
+    mine = shares[parallel.rank]
+    count = sum(len(chunk) for chunk in mine)
+    logprobs = torch.zeros(count, T)
+    mask = torch.zeros(count, T, dtype=torch.bool)
+    entropies = torch.zeros(count, T)
+    for k in range(max((len(s) for s in shares), default=0)):
+        chunk = mine[k] if k < len(mine) else []
         picked = chunk or [0]  # a rank out of rows still takes part in the pass
         lp, m, ent = forward.logprobs(model, [prompt_ids[i] for i in picked], [completion_ids[i] for i in picked],
                                       pad_id, True)
         if not chunk:
             continue
-        t, start = lp.shape[1], k * chunk_size
-        logprobs[start : start + len(chunk), :t] = lp.float().cpu()
-        mask[start : start + len(chunk), :t] = m.cpu()
-        entropies[start : start + len(chunk), :t] = ent.float().cpu()
+        t, at = lp.shape[1], torch.tensor(chunk) - first  # positions in this rank's share
+        logprobs[at, :t] = lp.float().cpu()
+        mask[at, :t] = m.cpu()
+        entropies[at, :t] = ent.float().cpu()
     return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)
 
 
@@ -153,6 +217,7 @@ def policy_update(
     reference_forward: ForwardPass | None = None,
     parallel: DataParallel = DataParallel(),
     clock: StepClock | None = None,
+    old_from_sampler: bool = False,
 ) -> UpdateStats:
     """``updates_per_batch`` passes over the batch in shuffled minibatches.
 
@@ -173,24 +238,34 @@ def policy_update(
     each rank runs its share of every minibatch, all ranks in the same order, and every loss is
     normalised by the whole minibatch's count; the statistics returned are those of all ranks.
 
-    ``clock`` (``steptime.StepClock``) times the old and reference log-prob passes apart."""
+    ``clock`` (``steptime.StepClock``) times the old and reference log-prob passes apart.
+
+    ``old_from_sampler``: take ``sampler_logprobs`` as the old log-probs instead of running the
+    pre-update pass, for a sampler that is the trained model in the same precision (the HF backend
+    in fp32: the two differ by float rounding, docs/throughput.md). The entropy is then measured in
+    the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare)."""
     B = len(completion_ids)
     stepper = stepper or GradientStepper(Precision("fp32", torch.float32, None))
     rows = forward.rows_per_pass(minibatch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
-    with phase(clock, "old_logprobs"):
-        old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, rows,
-                                                                    forward, parallel)
+    if old_from_sampler:
+        if sampler_logprobs is None or sampler_correction != "none":
+            raise ValueError("old_from_sampler needs sampler_logprobs and no sampler_correction")
+        (old_logprobs, mask), entropies = _sampler_as_old(sampler_logprobs, completion_ids), None
+    else:
+        with phase(clock, "old_logprobs"):
+            old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id,
+                                                                        rows, forward, parallel)
     ref_logprobs = None
     if reference is not None and kl_coef != 0.0:
         with phase(clock, "ref_logprobs"):
             ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
                                                              reference_forward or forward, parallel)
-    entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1))
+    entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1)) if entropies is not None else float("nan")
     sampler_kl = float("nan")
     weights = None
-    if sampler_logprobs is not None:
+    if sampler_logprobs is not None and not old_from_sampler:
         sampler_logprobs = sampler_logprobs[:, : mask.shape[1]]
         sampler_kl = float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1))
         if sampler_correction != "none":
@@ -199,7 +274,8 @@ def policy_update(
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
     steps = skipped = trailing = overflows = 0
-    for _ in range(updates_per_batch):
+    entropy_sums = [0.0, 0.0]  # the first pass's entropy x tokens and tokens, without a pre-pass
+    for epoch in range(updates_per_batch):
         order = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, minibatch_size):
             idx = order[start : start + minibatch_size]
@@ -210,7 +286,8 @@ def policy_update(
             minibatch = _accumulate_minibatch(
                 model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs,
                 advantages, ref_logprobs, weights, normalizer, clip_low=clip_low, clip_high=clip_high,
-                loss_agg=loss_agg, max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator)
+                loss_agg=loss_agg, max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                entropy_sums=entropy_sums if entropies is None and epoch == 0 else None)
             if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -238,29 +315,47 @@ def policy_update(
     # per trained weight through sampling and the next pre-pass (docs/memory.md, finding 1).
     optimizer.zero_grad(set_to_none=True)
     model.eval()
+    if entropies is None and entropy_sums[1]:
+        entropy = entropy_sums[0] / entropy_sums[1]
     # With every step skipped there is no loss to report: NaN says so in the metrics.
     mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}
     return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, updates=steps,
                        trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows, **mean)
 
 
+def _sampler_as_old(sampler_logprobs: torch.Tensor, completion_ids: list[list[int]]):
+    """(B, T) old log-probs (float32, CPU) and completion mask from the sampler's record."""
+    T = max((len(c) for c in completion_ids), default=0)
+    lengths = torch.tensor([len(c) for c in completion_ids])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    old = torch.zeros(len(completion_ids), T)
+    old[:, : min(T, sampler_logprobs.shape[1])] = sampler_logprobs[:, :T].float().cpu()
+    return old * mask, mask
+
+
 def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id,
-                          old_logprobs, advantages, ref_logprobs, weights, normalizer, **loss_kwargs) -> dict | None:
+                          old_logprobs, advantages, ref_logprobs, weights, normalizer, entropy_sums=None,
+                          **loss_kwargs) -> dict | None:
     """Forward and backward over this rank's share of the minibatch ``idx`` in micro-batches of
     ``rows``, gradients accumulated in the parameters (and synchronised over ranks in the last
     one). Returns the minibatch's loss and token-weighted statistics over all ranks, or None
-    (gradients undefined) when any micro-batch's loss on any rank was not finite."""
-    mine = parallel.share(idx)
-    passes = parallel.passes(len(idx), rows)
+    (gradients undefined) when any micro-batch's loss on any rank was not finite. With
+    ``entropy_sums`` (a list [entropy x tokens, tokens]) the forwards also add the entropy of
+    every token of the minibatch, over all ranks, to it."""
+    shares = [micro_batches(share, prompt_ids, completion_ids, rows, forward.micro_batch_tokens)
+              for share in split_evenly(idx, parallel.world_size)]
+    mine = shares[parallel.rank]
+    passes = max(len(share) for share in shares)  # every rank makes as many passes
     # loss, clip_fraction, kl_ref and approx_kl_old (token-weighted), tokens, non-finite losses
-    sums = [0.0] * 6
+    sums = [0.0] * 8  # ... and the entropy x tokens and tokens for entropy_sums
     for k in range(passes):
-        micro = mine[k * rows : (k + 1) * rows]
+        micro = mine[k] if k < len(mine) else []
         weight = 1.0 if micro else 0.0  # a rank out of rows takes part with a zero-weighted pass
         micro = micro or idx[:1]
         with parallel.accumulating(model, last=k == passes - 1):
-            logprobs, mb_mask, _ = forward.logprobs(model, [prompt_ids[i] for i in micro],
-                                                    [completion_ids[i] for i in micro], pad_id, with_entropy=False)
+            logprobs, mb_mask, entropies = forward.logprobs(model, [prompt_ids[i] for i in micro],
+                                                            [completion_ids[i] for i in micro], pad_id,
+                                                            with_entropy=entropy_sums is not None)
             T = logprobs.shape[1]  # the micro-batch's longest completion
 
             def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -278,13 +373,19 @@ def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_i
         if not weight:
             continue
         n = int(mb_mask.sum())
+        if entropy_sums is not None:
+            sums[6] += float((entropies * mb_mask).sum())
+            sums[7] += n
         sums[0] += float(loss.detach())  # already a share of the minibatch loss
         sums[1] += stats.clip_fraction * n
         sums[2] += stats.kl_ref * n
         sums[3] += stats.approx_kl_old * n
         sums[4] += n
         sums[5] += not finite
-    loss_sum, clip, kl_ref, approx_kl, tokens, nonfinite = parallel.sum(sums)
+    loss_sum, clip, kl_ref, approx_kl, tokens, nonfinite, entropy_sum, entropy_tokens = parallel.sum(sums)
+    if entropy_sums is not None:
+        entropy_sums[0] += entropy_sum
+        entropy_sums[1] += entropy_tokens
     if nonfinite:
         return None
     tokens = max(1.0, tokens)

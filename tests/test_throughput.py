@@ -118,3 +118,138 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
         run = [m for m in merged if tuple(traces[m.trace][m.prefix_len : m.prefix_len + len(m.tokens)]) != m.tokens]
         assert stats["forward_tokens"] <= encoded + 2 * sum(len(m.tokens) + 1 for m in run)
         assert stats["forward_tokens"] < encoded + sum(len(p.tokens) + 1 for p in probes)
+
+
+# --------------------------------------------------------------------------- the update
+
+
+def test_micro_batches_sort_by_length_and_keep_the_budget():
+    from rredcot_cli.update import micro_batches
+
+    prompts = [[1] * n for n in (3, 5, 4, 2, 6, 3, 4)]
+    completions = [[2] * n for n in (10, 2, 7, 30, 1, 5, 9)]
+    rows = [6, 0, 3, 2, 5, 1, 4]
+    parts = micro_batches(rows, prompts, completions, max_rows=3, max_tokens=40)
+    assert sorted(i for part in parts for i in part) == sorted(rows)
+    order = [i for part in parts for i in part]
+    lengths = [len(prompts[i]) + len(completions[i]) for i in order]
+    assert lengths == sorted(lengths)
+    for part in parts:
+        assert len(part) <= 3
+        width = max(len(prompts[i]) for i in part) + max(len(completions[i]) for i in part)
+        assert len(part) == 1 or len(part) * width <= 40
+    assert [3] in parts  # 32 positions alone: over no budget, but a row of its own
+    # No budget: runs of max_rows in the given order (one pass at most max_rows; DDP shares line up).
+    assert micro_batches(rows, prompts, completions, max_rows=4) == [rows[:4], rows[4:]]
+
+
+def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None, updates=2):
+    import torch
+
+    from rredcot_cli.models import build_char_tokenizer
+    from rredcot_cli.update import ForwardPass, policy_update
+
+    tok = build_char_tokenizer()
+    prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
+    completions = [tok(t)["input_ids"] for t in ["7", "ok ok", "13\nAnswer: 3", "no", "x=3: f=1 no", "0\n0"]]
+    T = max(len(c) for c in completions)
+    adv = torch.randn(len(completions), 1, generator=torch.Generator().manual_seed(0)).expand(-1, T).clone()
+    for i, c in enumerate(completions):
+        adv[i, len(c):] = 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    if sampler == "teacher-forced":
+        from rredcot_cli.update import chunked_completion_logprobs
+
+        sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
+    stats = policy_update(model, opt, sched, prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0,
+                          reference=None, updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2,
+                          loss_agg="token-mean", max_tokens=12, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
+                          generator=torch.Generator().manual_seed(0),
+                          forward=ForwardPass(chunk_tokens=5, micro_batch_tokens=micro_tokens),
+                          sampler_logprobs=sampler, old_from_sampler=old_from_sampler)
+    return stats
+
+
+@pytest.fixture()
+def tiny_policy():
+    import torch
+
+    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+
+    torch.manual_seed(0)
+    return build_tiny_model(len(build_char_tokenizer()), hidden_size=32, num_layers=2, num_heads=2,
+                            intermediate_size=64).eval()
+
+
+def test_token_budget_micro_batches_give_the_one_pass_update(tiny_policy):
+    import copy
+
+    import torch
+
+    ref, cut = copy.deepcopy(tiny_policy), copy.deepcopy(tiny_policy)
+    a = _tiny_update(ref)
+    b = _tiny_update(cut, micro_tokens=24)  # 4-row minibatches of 6-17 positions: 2-4 passes each
+    for (name, x), y in zip(ref.state_dict().items(), cut.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), name
+    assert b.loss == pytest.approx(a.loss, abs=1e-5) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+
+
+def test_sampler_logprobs_as_old_give_the_recomputed_update(tiny_policy):
+    """With the sampler's numbers equal to the trainer's, skipping the pre-update pass changes
+    nothing but where the entropy is measured (the first pass's forwards) and sampler_kl (NaN)."""
+    import copy
+    import math
+
+    import torch
+
+    ref, reused = copy.deepcopy(tiny_policy), copy.deepcopy(tiny_policy)
+    a = _tiny_update(ref, sampler="teacher-forced")
+    b = _tiny_update(reused, sampler="teacher-forced", old_from_sampler=True)
+    for (name, x), y in zip(ref.state_dict().items(), reused.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), name
+    assert b.loss == pytest.approx(a.loss, abs=1e-6) and b.clip_fraction == pytest.approx(a.clip_fraction)
+    assert abs(a.sampler_kl) < 1e-6 and math.isnan(b.sampler_kl)
+    assert 0 < b.entropy and b.entropy == pytest.approx(a.entropy, rel=0.2)  # measured while the policy moves
+
+
+def test_old_logprobs_auto_reuses_the_sampler_only_where_it_is_the_trained_model():
+    from rredcot_cli.update import old_from_sampler
+
+    assert old_from_sampler("auto", "hf", "fp32", "none")
+    assert not old_from_sampler("auto", "vllm", "fp32", "none")
+    assert not old_from_sampler("auto", "hf", "bf16-mixed", "none")
+    assert not old_from_sampler("auto", "hf", "fp32", "token_truncate")
+    assert old_from_sampler("sampler", "vllm", "fp32", "none") and not old_from_sampler("recompute", "hf", "fp32", "none")
+    with pytest.raises(ValueError, match="use recompute"):
+        old_from_sampler("sampler", "hf", "fp32", "token_mask")
+
+
+# --------------------------------------------------------------------------- HF decoding
+
+
+def test_growing_cache_decodes_the_same_tokens_and_logprobs():
+    """The HF backend's growing KV cache stores the same keys and values as transformers' default
+    (which concatenates the whole cache per token): same seed, same completions, same numbers."""
+    import torch
+
+    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.backends.hf import HFBackend, _growing_cache
+    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id).eval()
+    prompts = [tok(t)["input_ids"] for t in ["Compute mod 10: 1 +2 *3\n", "ab\n", "x\n"]]
+    params = SamplingParams(n=3, max_new_tokens=90, temperature=1.0)  # past the first capacity of 64
+    runs = {}
+    for growing in (False, True):
+        backend = HFBackend(model, tok, batch_size=9, growing_cache=growing)
+        runs[growing] = [c for group in backend.generate(prompts, params, seed=5) for c in group]
+    assert max(len(c.token_ids) for c in runs[True]) > 64
+    for a, b in zip(runs[False], runs[True]):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+    cache = _growing_cache(model, 100)
+    assert cache is not None and all(type(layer).__name__ == "GrowingLayer" for layer in cache.layers)

@@ -51,13 +51,15 @@ from rredcot_cli.stages.common import (
     seed_everything,
     segmenter_and_kwargs,
 )
-from rredcot_cli.update import ForwardPass, UpdateStats, lr_lambda, policy_update
+from rredcot_cli.update import (ForwardPass, UpdateStats, auto_micro_batch_tokens, lr_lambda, old_from_sampler,
+                                policy_update)
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 # train.* keys that say how to run, not what to compute: left out of the config hash so that a
 # resumed run (or one with another divergence limit, or with smaller micro-batches to fit in
 # memory) is the same run.
-UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "logprob_chunk_tokens",
+UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "micro_batch_tokens",
+                       "logprob_chunk_tokens",
                        "gradient_checkpointing", "parallel", "dist_timeout_s", "save_rollouts", "keep_checkpoints",
                        "step")
 STATE_FILE = "trainer_state.pt"
@@ -105,7 +107,11 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     autocast = functools.partial(precision.autocast, policy.device)
     sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
     forward = ForwardPass(temperature=s.temperature if sampled else 1.0, top_p=s.top_p if sampled else 1.0,
-                          chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=autocast)
+                          chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=autocast,
+                          micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device,
+                                                                     parallel.world_size))
+    # The sampler's log-probs stand in for the pre-update pass where they are the same numbers.
+    sampler_is_old = old_from_sampler(t.old_logprobs, cfg.backend.name, precision.name, t.sampler_correction)
     stepper = GradientStepper(precision, policy.device)
     # The initial policy, also when resuming.
     reference, reference_forward = trainable.reference(model, precision, forward) if t.kl_coef else (None, None)
@@ -226,7 +232,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                     forward=forward, reference_forward=reference_forward, stepper=stepper,
                     sampler_logprobs=batch.old_logprobs,
                     sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
-                    parallel=parallel, clock=clock,
+                    parallel=parallel, clock=clock, old_from_sampler=sampler_is_old,
                 )
                 with clock.phase("refresh"):
                     parallel.refresh(trained, plain)
@@ -551,9 +557,11 @@ def _cycle(items: list, start: int, count: int) -> list:
 def _check_options(t) -> None:
     """Refuse a misspelled or impossible train.* choice before any model is loaded."""
     from rredcot_cli.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
+    from rredcot_cli.update import OLD_LOGPROBS
 
     choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
-               "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3")}
+               "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3"),
+               "old_logprobs": OLD_LOGPROBS}
     for key, valid in choices.items():
         if t[key] not in valid:
             raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
@@ -564,6 +572,9 @@ def _check_options(t) -> None:
             raise TrainingError(f"train.{key}={t[key]}: must be >= 0 (0 turns it off)")
     if t.sampler_correction_cap <= 0:
         raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: must be > 0")
+    if t.old_logprobs == "sampler" and t.sampler_correction != "none":
+        raise TrainingError(f"train.old_logprobs=sampler with train.sampler_correction={t.sampler_correction}: the "
+                            "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")
 
 
 def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
