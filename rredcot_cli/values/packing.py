@@ -244,25 +244,26 @@ def cached_probe_logprobs(
     probes: list[Probe],
     *,
     device: str = "cpu",
-    traces_per_forward: int = 32,
+    traces_per_forward: int | None = None,
     row_tokens: int | None = None,
     max_probe_tokens: int | None = None,
     stats: dict | None = None,
 ) -> list[torch.Tensor]:
     """Same result as :func:`packed_probe_logprobs`, computed with a shared KV cache.
 
-    Traces are encoded once, ``traces_per_forward`` at a time. A probe that continues its own
+    Traces are encoded once, ``traces_per_forward`` at a time, sorted by length. A probe that continues its own
     trace is read off that encoding pass. The other probes of a trace are laid side by side in
     rows of at most ``row_tokens`` positions that attend to the trace's cached keys and values
     (cache positions < ``prefix_len`` - 1, then the probe causally; never another probe). A
     probe's attention work is (prefix + row) instead of a packed row's (trace + all probes), so
-    cost stays linear in trace length at a fixed number of probes per token. ``row_tokens`` and
-    ``max_probe_tokens`` default to 64 and 1024 on CPU, where forwards whose activations stay in
-    the core's cache were ~25% faster for the embedded model (docs/throughput.md), and to 256 and
-    8192 elsewhere.
+    cost stays linear in trace length at a fixed number of probes per token.
+    ``traces_per_forward``, ``row_tokens`` and ``max_probe_tokens`` default to 16, 64 and 1024 on
+    CPU, where forwards whose activations stay in the core's cache were 15-25% faster for the
+    embedded model (docs/throughput.md), and to 32, 256 and 8192 elsewhere.
     ``stats["forward_tokens"]`` counts trace and probe positions run (padding included).
     """
     on_cpu = str(device).startswith("cpu")
+    traces_per_forward = traces_per_forward or (16 if on_cpu else 32)
     row_tokens = row_tokens or (64 if on_cpu else 256)
     max_probe_tokens = max_probe_tokens or (1024 if on_cpu else 8192)
     probes, where = merge_probes(traces, probes)
@@ -275,7 +276,7 @@ def cached_probe_logprobs(
             by_trace.setdefault(probe.trace, []).append(index)
         else:
             results[index] = torch.zeros(0)
-    trace_ids = sorted(by_trace)
+    trace_ids = sorted(by_trace, key=lambda t: (len(traces[t]), t))  # similar lengths share an encoding pass
     neg = torch.finfo(torch.float32).min
     for start in range(0, len(trace_ids), traces_per_forward):
         group = trace_ids[start : start + traces_per_forward]
