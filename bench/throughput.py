@@ -1,0 +1,480 @@
+"""Training throughput of GRPO, RREDCoT and TRL's GRPOTrainer side by side, where a step's time
+goes, and how fast the backends decode at the default length and at ~1,000 tokens.
+
+    python bench/throughput.py                  # everything -> docs/bench/throughput.json, docs/throughput.md
+    python bench/throughput.py --steps 4 --repeats 1 --decode none --out /tmp/t.json --md /tmp/t.md   # a look
+    PYTHONPATH=/dir/with/trl python bench/throughput.py   # with TRL's rows (trl 1.16 + datasets importable)
+    python bench/throughput.py --write-md docs/bench/throughput.json   # (re)write the markdown only
+
+Training. Every run is a real ``rredcot train`` (the embedded model and default config, seed 0,
+``--steps`` steps, one held-out eval at the last step) in a process of its own with one torch
+thread. The runs alternate, the order rotated every repeat (grpo, rredcot, trl; rredcot, trl,
+grpo; ...), so drifting load hits every run alike. s/step and the phases are means over steps 2..N
+(step 1 warms up) of ``train/metrics.parquet``'s ``seconds`` and ``seconds_<phase>`` columns
+(rredcot_cli/steptime.py); tokens/s of a phase = the step's generated tokens / the phase's
+seconds, and for value estimation also forward positions / second. The ratios are of the means
+over repeats. TRL (when ``import trl`` works): its GRPOTrainer on the same model, prompts, reward
+and budget (prompts x samples per round, 2 passes in minibatches of 32 = 4 optimizer steps,
+lr 3e-5 cosine with 2 warm-up steps, beta 0, clip 0.2, up to 256 new tokens, T=1, AdamW betas
+(0.9, 0.99), grad clip 1), run by this file as ``--trl-driver``; one round = one generation plus
+its optimizer steps, timed per optimizer step; its "sampling" phase is TRL's
+``_generate_and_score_completions`` (generation, reward and its old-log-prob pass).
+
+Decode. One ``generate`` call of 8 prompts x 8 samples (``--decode-driver``, its own process,
+one thread): the HF backend with its growing KV cache and with transformers' default cache
+(what it used before issue 13), and the vLLM CPU backend when ``--vllm-python`` names an
+interpreter that imports vllm; at the default length (chain, ``max_new_tokens`` 256) and long
+(chain with 130 steps, ``max_new_tokens`` 1024: ~950-token completions after ~400-token
+prompts). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
+
+``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
+(bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
+machine's, and the markdown says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
+DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024}}
+DECODE_BACKENDS = ("hf", "hf-default-cache", "vllm")
+QUIET_CORES = 0.15
+
+
+# =========================================================================== drivers (subprocesses)
+
+
+def trl_driver(args: argparse.Namespace) -> None:
+    """TRL's GRPOTrainer on the shipped model and chain prompts with the rredcot defaults' budget;
+    prints one JSON line with the per-optimizer-step and per-generation times."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rredcot_cli.benchmarks.synthetic import ChainBenchmark
+    from rredcot_cli.models import resolve_model_path
+
+    torch.set_num_threads(1)
+    rounds, prompts, samples = args.steps, 8, 8
+    bench = ChainBenchmark()
+    problems = bench.load("train", limit=rounds * prompts)
+    by_prompt = {bench.prompt(p): p for p in problems}
+
+    def reward(completions, prompts, **kwargs):
+        return [float(bench.verify(c, by_prompt[p]) or 0.0) for c, p in zip(completions, prompts)]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.steps, self.t0 = [], None
+
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.steps.append(time.perf_counter() - self.t0)
+
+    model_dir = str(resolve_model_path("embedded"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    batch = prompts * samples
+    config = GRPOConfig(output_dir=str(Path(args.work) / "trl"), per_device_train_batch_size=32,
+                        steps_per_generation=batch // 32, num_generations=samples, num_iterations=2,
+                        max_completion_length=256, max_steps=2 * (batch // 32) * rounds, learning_rate=3e-5,
+                        lr_scheduler_type="cosine", warmup_steps=2, beta=0.0, epsilon=0.2, temperature=1.0,
+                        logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no",
+                        gradient_checkpointing=False, dataloader_num_workers=0, shuffle_dataset=False,
+                        adam_beta2=0.99, max_grad_norm=1.0, seed=0)
+    timer = Timer()
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=config,
+                          train_dataset=Dataset.from_list([{"prompt": bench.prompt(p)} for p in problems]),
+                          processing_class=tokenizer, callbacks=[timer])
+    generation = []
+    inner = trainer._generate_and_score_completions
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            generation.append(time.perf_counter() - t0)
+
+    trainer._generate_and_score_completions = timed
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    history = trainer.state.log_history
+    lengths = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
+    rewards = [h["reward"] for h in history if "reward" in h]
+    import trl
+
+    print("TRL_RESULT " + json.dumps({"trl": trl.__version__, "rounds": rounds, "optimizer_steps_per_round":
+                                      2 * (batch // 32), "step_seconds": timer.steps,
+                                      "generation_seconds": generation, "train_wall_s": wall,
+                                      "mean_lengths": lengths, "rewards": rewards, "batch": batch}))
+
+
+def decode_driver(args: argparse.Namespace) -> None:
+    """One warm-up call, then one timed generate call of 8 prompts x 8 samples; prints JSON."""
+    import torch
+
+    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.benchmarks import make_benchmark
+    from rredcot_cli.rollout import encode_prompt, load_policy
+
+    torch.set_num_threads(1)
+    case = DECODE_CASES[args.case]
+    backend = "vllm" if args.backend == "vllm" else "hf"
+    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
+                         backend=backend, device="cpu", batch_size=0 if backend == "vllm" else 64, seed=0,
+                         enforce_eager=False)
+    if args.backend == "hf-default-cache":
+        policy.backend.growing_cache = False
+    bench = make_benchmark("chain", **({"min_steps": case["steps"], "max_steps": case["steps"]} if case["steps"] else {}))
+    prompts = [encode_prompt(policy.tokenizer, bench.prompt(p), False) for p in bench.load("train", limit=8)]
+    params = SamplingParams(n=8, max_new_tokens=case["max_new_tokens"], temperature=1.0)
+    policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
+    c0, t0 = time.process_time(), time.perf_counter()
+    groups = policy.backend.generate(prompts, params, seed=0)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    lengths = [len(c.token_ids) for g in groups for c in g]
+    print("DECODE_RESULT " + json.dumps({
+        "backend": args.backend, "case": args.case, "completions": len(lengths), "tokens": sum(lengths),
+        "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
+        "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
+        "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu}))
+
+
+# =========================================================================== the bench
+
+
+def _run(cmd: list[str], env: dict, label: str) -> tuple[subprocess.CompletedProcess, dict]:
+    from scaling import LoadWatcher
+
+    print(f"[{dt.datetime.now():%H:%M:%S}] {label}: {shlex.join(cmd)}", flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with LoadWatcher() as watcher:
+        proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    others = [s["others_cores"] for s in watcher.samples]
+    info = {"command": shlex.join(cmd).replace(sys.executable, "python"), "returncode": proc.returncode,
+            "wall_s": time.perf_counter() - t0,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "others_cores_mean": statistics.fmean(others) if others else None,
+            "others_cores_max": max(others) if others else None}
+    if proc.returncode:
+        info["stderr_tail"] = proc.stderr[-3000:]
+        print(f"  FAILED rc={proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
+    return proc, info
+
+
+def run_rredcot(method: str, steps: int, work: Path, repeat: int, extra: list[str]) -> dict:
+    import pyarrow.parquet as pq
+
+    run_dir = work / f"{method}-r{repeat}"
+    cmd = [sys.executable, "-m", "rredcot_cli", "train", f"method={method}", "seed=0", f"train.steps={steps}",
+           f"train.eval_every={steps}", "train.save_every=0", "train.save_rollouts=0", "backend.num_threads=1",
+           f"run.dir={run_dir}", "run.overwrite=true", *extra]
+    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"{method} repeat {repeat}")
+    result = {"run": method, "repeat": repeat, **info}
+    if proc.returncode:
+        return result
+    rows = pq.read_table(run_dir / "train" / "metrics.parquet").to_pylist()
+    summary = json.loads((run_dir / "train" / "summary.json").read_text())
+    steps_out, previous = [], 0
+    for row in rows:
+        tokens, previous = row["tokens"] - previous, row["tokens"]
+        steps_out.append({"step": row["step"], "seconds": row["seconds"], "tokens": tokens,
+                          "credit_forward_tokens": row.get("credit_forward_tokens"),
+                          "phases": {p: row.get(f"seconds_{p}") or 0.0 for p in PHASES},
+                          "reward_mean": row["reward_mean"]})
+    result.update(steps=steps_out, eval_after=summary["eval_after"].get("pass@1"),
+                  eval_before=summary["eval_before"].get("pass@1"), train_seconds=summary["seconds"])
+    result["mean"] = _mean_step([s for s in steps_out if s["step"] > 1])
+    # the eval ran at the last step, outside its seconds
+    result["mean"]["phases"]["eval"] = sum(s["phases"]["eval"] for s in steps_out)
+    print(f"  {result['mean']['s_per_step']:.2f} s/step  " + "  ".join(
+        f"{p} {v:.2f}" for p, v in result["mean"]["phases"].items() if v) + f"  others_cores {info['others_cores_mean']}",
+        flush=True)
+    return result
+
+
+def _mean_step(steps: list[dict]) -> dict:
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return statistics.fmean(values) if values else None
+
+    return {"steps_averaged": [s["step"] for s in steps], "s_per_step": mean(s["seconds"] for s in steps),
+            "tokens_per_step": mean(s["tokens"] for s in steps),
+            "credit_forward_tokens": mean(s["credit_forward_tokens"] for s in steps),
+            "phases": {p: mean(s["phases"][p] for s in steps) or 0.0 for p in PHASES}}
+
+
+def run_trl(steps: int, work: Path, repeat: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-driver", "--steps", str(steps), "--work",
+           str(work / f"trl-r{repeat}")]
+    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"trl repeat {repeat}")
+    result = {"run": "trl", "repeat": repeat, **info}
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)
+    if proc.returncode or line is None:
+        return result
+    data = json.loads(line.removeprefix("TRL_RESULT "))
+    per = data["optimizer_steps_per_round"]
+    rounds = [sum(data["step_seconds"][r * per : (r + 1) * per]) for r in range(len(data["step_seconds"]) // per)]
+    generation = data["generation_seconds"][: len(rounds)]
+    # completions/mean_length: one entry per generation (or per optimizer step when TRL logs each)
+    lengths = data["mean_lengths"]
+    if len(lengths) >= len(data["step_seconds"]):
+        lengths = lengths[::per]
+    lengths = (lengths + [None] * len(rounds))[: len(rounds)]
+    steps_out = [{"step": r + 1, "seconds": rounds[r], "tokens": lengths[r] * data["batch"] if lengths[r] else None,
+                  "credit_forward_tokens": None, "reward_mean": None,
+                  "phases": {**dict.fromkeys(PHASES, 0.0), "sampling": generation[r] if r < len(generation) else 0.0,
+                             "update": rounds[r] - (generation[r] if r < len(generation) else 0.0)}}
+                 for r in range(len(rounds))]
+    result.update(trl=data["trl"], steps=steps_out, train_seconds=data["train_wall_s"],
+                  mean=_mean_step([s for s in steps_out if s["step"] > 1]))
+    print(f"  {result['mean']['s_per_step']:.2f} s/round  others_cores {info['others_cores_mean']}", flush=True)
+    return result
+
+
+def run_decode(backend: str, case: str, python: str) -> dict:
+    cmd = [python, str(Path(__file__).resolve()), "--decode-driver", "--backend", backend, "--case", case]
+    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                      f"decode {backend} {case}")
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DECODE_RESULT ")), None)
+    result = {"backend": backend, "case": case, **info}
+    if line:
+        result.update(json.loads(line.removeprefix("DECODE_RESULT ")))
+        print(f"  {result['tokens']} tokens (mean {result['mean_tokens']:.0f}) in {result['wall_s']:.1f} s: "
+              f"{result['tokens_per_s']:.0f} tok/s", flush=True)
+    return result
+
+
+def trl_importable() -> bool:
+    try:
+        import datasets  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def vllm_importable(python: str) -> bool:
+    if not python or not Path(python).exists():
+        return False
+    probe = subprocess.run([python, "-c", "import vllm, rredcot_cli"], capture_output=True, text=True)
+    return probe.returncode == 0
+
+
+def summarize(data: dict) -> None:
+    """Means over repeats per run, and the ratios."""
+    by_run: dict[str, list[dict]] = {}
+    for r in data["training"]:
+        if r.get("mean"):
+            by_run.setdefault(r["run"], []).append(r)
+    means = {}
+    for run, results in by_run.items():
+        s = [r["mean"]["s_per_step"] for r in results]
+        means[run] = {"s_per_step": statistics.fmean(s), "per_repeat": s,
+                      "tokens_per_step": statistics.fmean(r["mean"]["tokens_per_step"] for r in results
+                                                          if r["mean"]["tokens_per_step"]) if any(
+                          r["mean"]["tokens_per_step"] for r in results) else None,
+                      "phases": {p: statistics.fmean(r["mean"]["phases"][p] for r in results) for p in PHASES},
+                      "credit_forward_tokens": statistics.fmean(
+                          [r["mean"]["credit_forward_tokens"] for r in results if r["mean"]["credit_forward_tokens"]])
+                      if any(r["mean"]["credit_forward_tokens"] for r in results) else None,
+                      "whole_run_s": statistics.fmean(r["wall_s"] for r in results),
+                      "cpu_s": statistics.fmean(r["cpu_s"] for r in results),
+                      "eval_after": [r.get("eval_after") for r in results],
+                      "others_cores_mean": statistics.fmean(r["others_cores_mean"] or 0.0 for r in results)}
+    ratios = {}
+    if "grpo" in means and "rredcot" in means:
+        ratios["rredcot_over_grpo"] = means["rredcot"]["s_per_step"] / means["grpo"]["s_per_step"]
+    if "grpo" in means and "trl" in means:
+        ratios["trl_over_grpo"] = means["trl"]["s_per_step"] / means["grpo"]["s_per_step"]
+    decode = {(d["backend"], d["case"]): d for d in data.get("decode", []) if "tokens_per_s" in d}
+    for backend in DECODE_BACKENDS:
+        if (backend, "default") in decode and (backend, "long") in decode:
+            ratios[f"{backend}_default_over_long_tokens_per_s"] = (decode[(backend, "default")]["tokens_per_s"]
+                                                                   / decode[(backend, "long")]["tokens_per_s"])
+    data["means"], data["ratios"] = means, ratios
+
+
+# --------------------------------------------------------------------------- the write-up
+
+
+def write_md(data: dict, path: Path) -> None:
+    m, ratios = data["means"], data["ratios"]
+    loads = [r.get("others_cores_mean") or 0.0 for r in data["training"] + data.get("decode", [])]
+    busy = any(v > QUIET_CORES for v in loads)
+    mach = data["machine"]
+    L = ["# Throughput: GRPO, RREDCoT and TRL side by side\n"]
+    L.append(f"Measured {data['date']} with `bench/throughput.py` at commit `{data['commit']}`"
+             f"{' (with uncommitted changes)' if data.get('dirty') else ''} (raw numbers: "
+             f"`{data.get('json_name', 'docs/bench/throughput.json')}`). Machine: {mach['cpu_model']}, "
+             f"{mach['logical_cpus']} logical CPUs, {mach['mem_gb']} GB, torch {mach['torch']}, Python {mach['python']}; "
+             f"one torch thread per run. Embedded model, default config, seed 0, {data['steps']} steps per run, "
+             f"{data['repeats']} repeat(s), runs alternating; s/step = mean over steps 2..{data['steps']}.\n")
+    if busy:
+        L.append(f"**Busy machine**: other processes used up to {max(loads):.2f} cores (mean per run in the tables, "
+                 "*others*); on 2 cores every 0.1 core is 5% of the machine. Read the ratios, not the seconds, and "
+                 "rerun on a quiet machine for final figures.\n")
+    else:
+        L.append("Quiet machine: no run saw more than 0.15 cores used by other processes.\n")
+    L.append("## Ratios\n")
+    if "rredcot_over_grpo" in ratios:
+        L.append(f"- **RREDCoT / GRPO** (s/step): **{ratios['rredcot_over_grpo']:.2f}x**")
+    if "trl_over_grpo" in ratios:
+        L.append(f"- **GRPO speed-up over TRL GRPOTrainer** (TRL s/round / GRPO s/step): "
+                 f"**{ratios['trl_over_grpo']:.2f}x**")
+    for backend in DECODE_BACKENDS:
+        key = f"{backend}_default_over_long_tokens_per_s"
+        if key in ratios:
+            L.append(f"- {backend} decode: tokens/s at the default length / at ~1,000 tokens: {ratios[key]:.2f}x")
+    L.append("")
+    L.append("## Training step\n")
+    L.append("| run | s/step | per repeat | generated tokens/step | tokens/s | whole run s | CPU s | eval pass@1 after "
+             "| others |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for run, v in m.items():
+        tps = f"{v['tokens_per_step'] / v['s_per_step']:,.0f}" if v["tokens_per_step"] else "-"
+        evals = ", ".join(f"{e:.3f}" for e in v["eval_after"] if e is not None) or "-"
+        L.append(f"| {run} | {v['s_per_step']:.2f} | {', '.join(f'{s:.2f}' for s in v['per_repeat'])} | "
+                 f"{v['tokens_per_step'] or 0:,.0f} | {tps} | {v['whole_run_s']:.0f} | {v['cpu_s']:.0f} | {evals} | "
+                 f"{v['others_cores_mean']:.2f} |")
+    L.append("\n*whole run* and *CPU s* include start-up, the held-out evals before and after, and saving; TRL's "
+             "include neither evals nor start-up of a rredcot run, so compare s/step.\n")
+    L.append("## Where a step's time goes\n")
+    L.append("Seconds per step (mean over steps and repeats) and throughput: tokens/s = generated tokens of the step "
+             "/ the phase's seconds; value estimation also in forward positions/s. *eval* is the one held-out eval "
+             "at the last step (not in s/step). TRL's *sampling* is its `_generate_and_score_completions` (generation, "
+             "reward, old log-probs), its *update* the rest of a round.\n")
+    L.append("| run | phase | s/step | share of step | tokens/s | positions/s |")
+    L.append("|---|---|---|---|---|---|")
+    for run, v in m.items():
+        for phase in PHASES:
+            sec = v["phases"][phase]
+            if sec < 0.005:  # phases this run does not have (a few ms of bookkeeping)
+                continue
+            share = f"{sec / v['s_per_step']:.0%}" if phase != "eval" else "-"
+            tps = f"{v['tokens_per_step'] / sec:,.0f}" if v["tokens_per_step"] and phase != "eval" else "-"
+            pps = f"{v['credit_forward_tokens'] / sec:,.0f}" if phase == "credit" and v["credit_forward_tokens"] else "-"
+            L.append(f"| {run} | {phase} | {sec:.3f} | {share} | {tps} | {pps} |")
+    if data.get("decode"):
+        L.append("\n## Decode\n")
+        L.append("One generate call of 8 prompts x 8 samples, one thread. *default*: chain, up to 256 new tokens; "
+                 "*long*: chain with 130 steps, up to 1,024 new tokens. `hf` is the HF backend (growing KV cache), "
+                 "`hf-default-cache` the same with transformers' default cache (before issue 13).\n")
+        L.append("| backend | case | completions | mean prompt tokens | mean / max new tokens | wall s | tokens/s | "
+                 "tokens/CPU-s | default / this | others |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        rates = {(d["backend"], d["case"]): d.get("tokens_per_s") for d in data["decode"]}
+        for d in data["decode"]:
+            if "tokens_per_s" not in d:
+                L.append(f"| {d['backend']} | {d['case']} | failed (rc {d['returncode']}) | | | | | | | |")
+                continue
+            base = rates.get((d["backend"], "default"))
+            L.append(f"| {d['backend']} | {d['case']} | {d['completions']} | {d['mean_prompt_tokens']:.0f} | "
+                     f"{d['mean_tokens']:.0f} / {d['max_tokens']} | {d['wall_s']:.1f} | {d['tokens_per_s']:,.0f} | "
+                     f"{d['tokens_per_cpu_s']:,.0f} | {base / d['tokens_per_s']:.2f} | "
+                     f"{d.get('others_cores_mean') or 0:.2f} |")
+    for note in data.get("notes", []):
+        L.append(note + "\n")
+    L.append("\n## Reproduce\n")
+    L.append("```\n" + data["bench_command"] + "\n```\n")
+    L.append("which ran:\n")
+    L.append("```\n" + "\n".join(r["command"] for r in data["training"] + data.get("decode", [])) + "\n```\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(L))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trl-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--decode-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="hf", help=argparse.SUPPRESS)
+    ap.add_argument("--case", default="default", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
+    ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")
+    ap.add_argument("--trl", choices=("auto", "off"), default="auto", help="auto: TRL's rows when `import trl` works")
+    ap.add_argument("--decode", default="hf,hf-default-cache,vllm",
+                    help="decode backends to time (comma list of hf, hf-default-cache, vllm; none: no decode table)")
+    ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
+                    help="an interpreter with vllm and this project installed, for the vllm decode rows")
+    ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "throughput.json"))
+    ap.add_argument("--md", default=str(ROOT / "docs" / "throughput.md"))
+    ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
+    ap.add_argument("overrides", nargs="*", help="extra rredcot overrides for the training runs")
+    args = ap.parse_args()
+    if args.trl_driver:
+        return trl_driver(args)
+    if args.decode_driver:
+        return decode_driver(args)
+    if args.write_md:
+        return write_md(json.loads(Path(args.write_md).read_text()), Path(args.md))
+    from scaling import machine
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="rredcot-throughput-"))
+    runs = [m for m in args.methods.split(",") if m]
+    if args.trl == "auto" and trl_importable():
+        runs.append("trl")
+    elif args.trl == "auto":
+        print("trl is not importable here: no TRL rows (PYTHONPATH=<dir with trl and datasets> adds them)")
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "steps": args.steps,
+            "repeats": args.repeats, "runs": runs, "json_name": os.path.relpath(args.out, ROOT),
+            "bench_command": shlex.join(["python", "bench/throughput.py", *sys.argv[1:]]), "training": [], "decode": []}
+
+    def save() -> None:
+        summarize(data)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=1))
+
+    t0 = time.perf_counter()
+    for repeat in range(args.repeats):
+        order = runs[repeat % len(runs):] + runs[: repeat % len(runs)]
+        for run in order:
+            if run == "trl":
+                data["training"].append(run_trl(args.steps, work, repeat))
+            else:
+                data["training"].append(run_rredcot(run, args.steps, work, repeat, args.overrides))
+            save()
+    backends = [b for b in args.decode.split(",") if b and b != "none"]
+    for case in DECODE_CASES:
+        for backend in backends:
+            if backend == "vllm" and not vllm_importable(args.vllm_python):
+                print(f"no vllm decode rows: {args.vllm_python} cannot import vllm and rredcot_cli")
+                continue
+            python = args.vllm_python if backend == "vllm" else sys.executable
+            data["decode"].append(run_decode(backend, case, python))
+            save()
+    data["total_wall_s"] = time.perf_counter() - t0
+    save()
+    write_md(data, Path(args.md))
+    print(f"wrote {args.out} and {args.md} in {data['total_wall_s'] / 60:.1f} min: {json.dumps(data['ratios'])}")
+
+
+if __name__ == "__main__":
+    main()
