@@ -234,7 +234,8 @@ def test_growing_cache_decodes_the_same_tokens_and_logprobs():
     import torch
 
     from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend, _growing_cache
+    from rredcot_cli.backends.hf import HFBackend
+    from rredcot_cli.kvcache import growing_cache
     from rredcot_cli.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
@@ -251,5 +252,5 @@ def test_growing_cache_decodes_the_same_tokens_and_logprobs():
     for a, b in zip(runs[False], runs[True]):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
-    cache = _growing_cache(model, 100)
+    cache = growing_cache(model, 100)
     assert cache is not None and all(type(layer).__name__ == "GrowingLayer" for layer in cache.layers)

@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from rredcot_cli.backends.base import Completion, SamplingParams
+from rredcot_cli.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
 
 
@@ -16,60 +17,6 @@ from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # 
 # Generation
 # ------------------------------------------------------------------------------------------
 
-
-def _growing_cache(model, max_length: int):
-    """A KV cache for ``generate`` whose full-attention layers write each new token into storage
-    grown by doubling (up to ``max_length`` positions) and hand attention a view of the filled part.
-
-    transformers' ``DynamicLayer`` concatenates the whole cache with every decoded token, so one
-    sequence costs O(length^2) in copies: 30% of a default-length generate call on CPU and the
-    reason decoding collapses at ~1,000 tokens (docs/throughput.md). A static cache avoids the
-    copies but attends over its whole preallocated length from the first token. The values are
-    the same; only where they are stored differs. Other layer kinds (sliding windows, ...) keep
-    transformers' own class. Returns None where the installed transformers has no layered cache."""
-    try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-    except ImportError:
-        return None
-
-    class GrowingLayer(DynamicLayer):
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            store = getattr(self, "_store", None)
-            filled = self.keys.shape[-2] if self.keys.numel() else 0
-            if store is not None and (self.keys.data_ptr() != store[0].data_ptr() or filled > store[0].shape[-2]):
-                store = None  # the cache was cropped or re-indexed from outside: start over from its view
-            needed = filled + key_states.shape[-2]
-            if store is None or needed > store[0].shape[-2]:
-                capacity = min(max(2 * needed, 64), max(max_length, needed))
-                grown = []
-                for old, new in ((self.keys, key_states), (self.values, value_states)):
-                    buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
-                    if filled:
-                        buffer[..., :filled, :] = old
-                    grown.append(buffer)
-                store = self._store = tuple(grown)
-            store[0][..., filled:needed, :] = key_states
-            store[1][..., filled:needed, :] = value_states
-            self.keys, self.values = store[0][..., :needed, :], store[1][..., :needed, :]
-            return self.keys, self.values
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception:  # noqa: BLE001 - a config transformers cannot lay out: its default cache
-        return None
-    if not cache.layers:
-        return None
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
-
-
-def _cache_kwarg(model, cache) -> dict:
-    """transformers renamed generate's/forward's ``past_key_values`` to ``cache`` (5.2x)."""
-    import inspect
-
-    return {"cache": cache} if "cache" in inspect.signature(model.forward).parameters else {"past_key_values": cache}
 
 
 class _SampledLogprobRecorder(LogitsProcessor):
@@ -117,7 +64,7 @@ class HFBackend:
     def __init__(self, model, tokenizer, batch_size: int = 64, device: str | torch.device = "cpu",
                  growing_cache: bool = True):
         self.model = model
-        self.growing_cache = growing_cache  # _growing_cache; False: transformers' default cache
+        self.growing_cache = growing_cache  # kvcache.growing_cache; False: transformers' default cache
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -176,13 +123,14 @@ class HFBackend:
             attention_mask[i, width - len(p) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
-        cache = _growing_cache(self.model, width + params.max_new_tokens) if self.growing_cache else None
+        # kvcache.growing_cache: no copy of the whole cache per decoded token (same numbers)
+        cache = growing_cache(self.model, width + params.max_new_tokens) if self.growing_cache else None
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             logits_processor=LogitsProcessorList([recorder]),
             **self._generate_kwargs(params),
-            **(_cache_kwarg(self.model, cache) if cache is not None else {}),
+            **(cache_kwarg(self.model, cache) if cache is not None else {}),
         )
         new_tokens = sequences[:, input_ids.shape[1] :].cpu()  # (b, steps)
         logprobs = recorder.finish(sequences[:, -1]).cpu() if new_tokens.shape[1] else torch.zeros_like(new_tokens, dtype=torch.float32)

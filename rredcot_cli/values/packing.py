@@ -334,15 +334,24 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
     A row holds probes of one trace side by side. Each probe's input starts with the last prefix
     token (cache positions < prefix_len - 1 are visible to it), so every scored token is predicted
     inside this forward and the trace's logits never need to be kept; probes in a row do not see
-    each other. One cache row per probe row (not per probe) keeps the copy of the cache small."""
-    from transformers import DynamicCache
+    each other. One cache row per probe row (not per probe) keeps the copy of the cache small: it
+    is copied once, into storage with room for the row (``kvcache.prefilled_cache``)."""
+    from rredcot_cli.kvcache import prefilled_cache
 
     if not rows:
         return
     context = max(probes[i].prefix_len for _, indices in rows for i in indices) - 1
-    cache_rows = torch.tensor([local[t] for t, _ in rows], device=layers[0][0].device)
-    cache = DynamicCache(ddp_cache_data=[(k[cache_rows, :, :context], v[cache_rows, :, :context]) for k, v in layers])
     R = len(rows)
+    storage = []
+    for k, v in layers:
+        pair = []
+        for states in (k, v):
+            buffer = states.new_empty((R, states.shape[1], context + width, states.shape[3]))
+            for r, (trace, _) in enumerate(rows):
+                buffer[r, :, :context] = states[local[trace], :, :context]
+            pair.append(buffer)
+        storage.append(tuple(pair))
+    cache = prefilled_cache(storage, context)
     input_ids = torch.zeros(R, width, dtype=torch.long)
     positions = torch.zeros(R, width, dtype=torch.long)
     allowed = torch.zeros(R, width, context + width, dtype=torch.bool)
