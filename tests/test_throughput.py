@@ -254,3 +254,34 @@ def test_growing_cache_decodes_the_same_tokens_and_logprobs():
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
     cache = growing_cache(model, 100)
     assert cache is not None and all(type(layer).__name__ == "GrowingLayer" for layer in cache.layers)
+
+
+def test_compacting_decode_gives_the_tokens_generate_gives():
+    """Rows that finished leave the batch, yet every step draws one sample per original row, so the
+    random stream and the completions are transformers' generate's (tokens equal, log-probs to
+    rounding), under temperature and top-p, and greedy."""
+    import torch
+
+    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.backends.hf import HFBackend
+    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tok.eos_token_id] *= 3  # rows stop at different lengths
+    prompts = [tok(t)["input_ids"] for t in ["Compute mod 10: 1 +2 *3\n", "ab\n", "x\n", "7-7\n"]]
+    for params in (SamplingParams(n=4, max_new_tokens=60, temperature=1.0),
+                   SamplingParams(n=4, max_new_tokens=60, temperature=0.7, top_p=0.9),
+                   SamplingParams(n=2, max_new_tokens=60, temperature=0.0)):
+        runs = {}
+        for compact in (False, True):
+            backend = HFBackend(model, tok, batch_size=16, compact=compact)
+            runs[compact] = [c for group in backend.generate(prompts, params, seed=13) for c in group]
+        finished = sum(c.finish_reason == "stop" for c in runs[True])
+        assert finished * 4 >= len(runs[True]) and len({len(c.token_ids) for c in runs[True]}) > 2  # rows left
+        for a, b in zip(runs[False], runs[True]):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)

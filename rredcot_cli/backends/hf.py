@@ -54,6 +54,23 @@ class _SampledLogprobRecorder(LogitsProcessor):
         return torch.stack(self.chosen, dim=1).float()
 
 
+# Generation-config fields that make transformers add a logits processor or stopping rule of its
+# own; a model that sets any of them decodes with ``generate`` itself.
+_EXTRA_PROCESSING = ("min_length", "min_new_tokens", "suppress_tokens", "begin_suppress_tokens",
+                     "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids", "sequence_bias",
+                     "exponential_decay_length_penalty", "renormalize_logits", "stop_strings", "max_time",
+                     "encoder_repetition_penalty", "encoder_no_repeat_ngram_size", "guidance_scale",
+                     "watermarking_config", "forced_decoder_ids")
+
+
+def _plain_generation_config(model) -> bool:
+    """Whether ``generate`` with this backend's settings would only apply temperature and top-p."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return False
+    return not any(getattr(config, name, None) not in (None, 0, False, 1.0, [], ()) for name in _EXTRA_PROCESSING)
+
+
 class HFBackend:
     """Backend on a transformers causal LM (see ``backends/base.py`` for the contract).
 
@@ -62,9 +79,12 @@ class HFBackend:
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, device: str | torch.device = "cpu",
-                 growing_cache: bool = True):
+                 growing_cache: bool = True, compact: bool = True):
         self.model = model
         self.growing_cache = growing_cache  # kvcache.growing_cache; False: transformers' default cache
+        # Decode with _compacting_decode (finished rows leave the batch) where the model's
+        # generation config adds no logits processor of its own; False: transformers' generate.
+        self.compact = compact
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -122,6 +142,9 @@ class HFBackend:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        if self.compact and self.growing_cache and _plain_generation_config(self.model):
+            rows = self._compacting_decode(input_ids, attention_mask, params)
+            return [self._completion(ids, lps) for ids, lps in rows]
         recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
         # kvcache.growing_cache: no copy of the whole cache per decoded token (same numbers)
         cache = growing_cache(self.model, width + params.max_new_tokens) if self.growing_cache else None
@@ -134,17 +157,73 @@ class HFBackend:
         )
         new_tokens = sequences[:, input_ids.shape[1] :].cpu()  # (b, steps)
         logprobs = recorder.finish(sequences[:, -1]).cpu() if new_tokens.shape[1] else torch.zeros_like(new_tokens, dtype=torch.float32)
+        return [self._completion(row, row_lp) for row, row_lp in zip(new_tokens.tolist(), logprobs.tolist())]
+
+    def _completion(self, row: list[int], row_lp: list[float]) -> Completion:
+        """The completion of one generated row: cut after its first EOS ("stop"), else "length"."""
         eos = set(self.eos_ids)
-        out = []
-        for row, row_lp in zip(new_tokens.tolist(), logprobs.tolist()):
-            stop = next((j for j, t in enumerate(row) if t in eos), None)
-            if stop is None:
-                ids, lps, reason = row, row_lp, "length"
+        stop = next((j for j, t in enumerate(row) if t in eos), None)
+        if stop is None:
+            ids, lps, reason = row, row_lp, "length"
+        else:
+            ids, lps, reason = row[: stop + 1], row_lp[: stop + 1], "stop"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason)
+
+    def _compacting_decode(self, input_ids, attention_mask, params: SamplingParams) -> list[tuple[list, list]]:
+        """transformers' sampling loop (``GenerationMixin._sample`` with this backend's settings:
+        temperature and top-p warpers, EOS or ``max_new_tokens`` ends a row) in which rows that
+        finished leave the batch, a quarter of it at a time: ``generate`` runs every row until the
+        longest is done, and at the default length a third of its row-steps are finished rows (half
+        of them at ~500-token completions with a long tail). The random stream is transformers':
+        every step draws one multinomial sample per original row (a finished row's from a point
+        mass), so a call gives the tokens ``generate`` gives, up to the float rounding of smaller
+        batches. Returns per row the generated tokens (EOS included) and their log-probs."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        model, sampling = self.model, params.temperature > 0
+        B, width = input_ids.shape
+        warpers = LogitsProcessorList(
+            ([TemperatureLogitsWarper(params.temperature)] if sampling and params.temperature != 1.0 else [])
+            + ([TopPLogitsWarper(top_p=params.top_p)] if sampling and params.top_p < 1.0 else []))
+        cache = growing_cache(model, width + params.max_new_tokens)
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        rows = torch.arange(B, device=self.device)  # original row of each batch position
+        live = torch.ones(B, dtype=torch.bool, device=self.device)  # not finished, per batch position
+        mask = attention_mask
+        step_ids = input_ids
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, tokens, log-probs)
+        for _ in range(params.max_new_tokens):
+            logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                           logits_to_keep=1, **cache_kwarg(model, cache)).logits[:, -1].float()
+            scores = warpers(step_ids, logits)
+            if sampling:
+                probs = torch.zeros((B, scores.shape[-1]), device=scores.device)
+                probs[:, self.pad_id] = 1.0  # rows that left the batch: a point mass, one draw each
+                probs[rows] = torch.softmax(scores, dim=-1)
+                chosen = torch.multinomial(probs, num_samples=1).squeeze(1)[rows]
             else:
-                ids, lps, reason = row[: stop + 1], row_lp[: stop + 1], "stop"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            out.append(Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason))
-        return out
+                chosen = scores.argmax(dim=-1)
+            chosen = torch.where(live, chosen, torch.full_like(chosen, self.pad_id))
+            logprobs = torch.log_softmax(scores, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+            steps.append((rows[live].cpu(), chosen[live].cpu(), logprobs[live].float().cpu()))
+            live = live & ~torch.isin(chosen, eos)
+            if not live.any():
+                break
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            step_ids, positions = chosen[:, None], positions[:, -1:] + 1
+            if (~live).sum() * 4 >= live.numel():  # a quarter of the batch finished: drop it
+                keep = live.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                mask, step_ids, positions, rows, live = mask[keep], step_ids[keep], positions[keep], rows[keep], live[keep]
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        for step_rows, step_tokens, step_lps in steps:
+            for r, tok, lp in zip(step_rows.tolist(), step_tokens.tolist(), step_lps.tolist()):
+                tokens[r].append(tok)
+                logps[r].append(lp)
+        return list(zip(tokens, logps))
 
     # -- score ---------------------------------------------------------------------------
     def score(
