@@ -21,11 +21,12 @@ its optimizer steps, timed per optimizer step; its "sampling" phase is TRL's
 ``_generate_and_score_completions`` (generation, reward and its old-log-prob pass).
 
 Decode. One ``generate`` call of 8 prompts x 8 samples (``--decode-driver``, its own process,
-one thread): the HF backend with its growing KV cache and with transformers' default cache
-(what it used before issue 13), and the vLLM CPU backend when ``--vllm-python`` names an
+one thread): the HF backend (growing KV cache, finished rows leaving the batch), the same through
+transformers' ``generate`` with its default cache (``hf-generate``: the backend before issue 13),
+and the vLLM CPU backend when ``--vllm-python`` names an
 interpreter that imports vllm; at the default length (chain, ``max_new_tokens`` 256) and long
 (chain with 130 steps, ``max_new_tokens`` 1024: ~950-token completions after ~400-token
-prompts). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
+prompts; or, with ``--long-model``, that model on ``--long-benchmark``'s chains). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
 (bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
@@ -53,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
 DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024}}
-DECODE_BACKENDS = ("hf", "hf-default-cache", "vllm")
+DECODE_BACKENDS = ("hf", "hf-generate", "vllm")
 QUIET_CORES = 0.15
 
 
@@ -141,12 +142,17 @@ def decode_driver(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     case = DECODE_CASES[args.case]
     backend = "vllm" if args.backend == "vllm" else "hf"
-    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
+    long_model = args.long_model if args.case == "long" else None
+    policy = load_policy(model_path=long_model or "embedded", dtype="float32", trust_remote_code=False, chat_template=False,
                          backend=backend, device="cpu", batch_size=0 if backend == "vllm" else 64, seed=0,
                          enforce_eager=False)
-    if args.backend == "hf-default-cache":
-        policy.backend.growing_cache = False
-    bench = make_benchmark("chain", **({"min_steps": case["steps"], "max_steps": case["steps"]} if case["steps"] else {}))
+    if args.backend == "hf-generate":  # the HF backend before issue 13: generate with its own cache
+        policy.backend.growing_cache = policy.backend.compact = False
+    if long_model:  # a model that writes long completions itself, on its own benchmark's default chains
+        bench = make_benchmark(args.long_benchmark)
+    else:
+        bench = make_benchmark("chain", **({"min_steps": case["steps"], "max_steps": case["steps"]}
+                                          if case["steps"] else {}))
     prompts = [encode_prompt(policy.tokenizer, bench.prompt(p), False) for p in bench.load("train", limit=8)]
     params = SamplingParams(n=8, max_new_tokens=case["max_new_tokens"], temperature=1.0)
     policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
@@ -155,7 +161,7 @@ def decode_driver(args: argparse.Namespace) -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lengths = [len(c.token_ids) for g in groups for c in g]
     print("DECODE_RESULT " + json.dumps({
-        "backend": args.backend, "case": args.case, "completions": len(lengths), "tokens": sum(lengths),
+        "backend": args.backend, "case": args.case, "model": long_model or "embedded", "completions": len(lengths), "tokens": sum(lengths),
         "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
         "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu}))
@@ -255,8 +261,10 @@ def run_trl(steps: int, work: Path, repeat: int) -> dict:
     return result
 
 
-def run_decode(backend: str, case: str, python: str) -> dict:
+def run_decode(backend: str, case: str, python: str, long_model: str | None, long_benchmark: str) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--decode-driver", "--backend", backend, "--case", case]
+    if long_model and case == "long":
+        cmd += ["--long-model", long_model, "--long-benchmark", long_benchmark]
     proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
                       f"decode {backend} {case}")
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DECODE_RESULT ")), None)
@@ -381,8 +389,9 @@ def write_md(data: dict, path: Path) -> None:
     if data.get("decode"):
         L.append("\n## Decode\n")
         L.append("One generate call of 8 prompts x 8 samples, one thread. *default*: chain, up to 256 new tokens; "
-                 "*long*: chain with 130 steps, up to 1,024 new tokens. `hf` is the HF backend (growing KV cache), "
-                 "`hf-default-cache` the same with transformers' default cache (before issue 13).\n")
+                 "*long*: chain with 130 steps, up to 1,024 new tokens (or the model named in the case). `hf` is the "
+                 "HF backend (growing KV cache, finished rows leave the batch), `hf-generate` transformers' "
+                 "generate with its default cache (the backend before issue 13), `vllm` the vLLM CPU build.\n")
         L.append("| backend | case | completions | mean prompt tokens | mean / max new tokens | wall s | tokens/s | "
                  "tokens/CPU-s | default / this | others |")
         L.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -392,7 +401,8 @@ def write_md(data: dict, path: Path) -> None:
                 L.append(f"| {d['backend']} | {d['case']} | failed (rc {d['returncode']}) | | | | | | | |")
                 continue
             base = rates.get((d["backend"], "default"))
-            L.append(f"| {d['backend']} | {d['case']} | {d['completions']} | {d['mean_prompt_tokens']:.0f} | "
+            case = d["case"] if d.get("model", "embedded") == "embedded" else f"{d['case']} ({d['model']})"
+            L.append(f"| {d['backend']} | {case} | {d['completions']} | {d['mean_prompt_tokens']:.0f} | "
                      f"{d['mean_tokens']:.0f} / {d['max_tokens']} | {d['wall_s']:.1f} | {d['tokens_per_s']:,.0f} | "
                      f"{d['tokens_per_cpu_s']:,.0f} | {base / d['tokens_per_s']:.2f} | "
                      f"{d.get('others_cores_mean') or 0:.2f} |")
@@ -412,12 +422,16 @@ def main() -> None:
     ap.add_argument("--decode-driver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="hf", help=argparse.SUPPRESS)
     ap.add_argument("--case", default="default", help=argparse.SUPPRESS)
+    ap.add_argument("--long-model", default=None,
+                    help="decode's long case with this model (e.g. a checkpoint trained on chain_verbose) on "
+                         "--long-benchmark's default chains, instead of the embedded model on 130-step chains")
+    ap.add_argument("--long-benchmark", default="chain_verbose", help="benchmark of --long-model")
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
     ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")
     ap.add_argument("--trl", choices=("auto", "off"), default="auto", help="auto: TRL's rows when `import trl` works")
-    ap.add_argument("--decode", default="hf,hf-default-cache,vllm",
-                    help="decode backends to time (comma list of hf, hf-default-cache, vllm; none: no decode table)")
+    ap.add_argument("--decode", default="hf,hf-generate,vllm",
+                    help="decode backends to time (comma list of hf, hf-generate, vllm; none: no decode table)")
     ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
                     help="an interpreter with vllm and this project installed, for the vllm decode rows")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
@@ -468,7 +482,7 @@ def main() -> None:
                 print(f"no vllm decode rows: {args.vllm_python} cannot import vllm and rredcot_cli")
                 continue
             python = args.vllm_python if backend == "vllm" else sys.executable
-            data["decode"].append(run_decode(backend, case, python))
+            data["decode"].append(run_decode(backend, case, python, args.long_model, args.long_benchmark))
             save()
     data["total_wall_s"] = time.perf_counter() - t0
     save()
