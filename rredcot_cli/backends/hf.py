@@ -142,12 +142,12 @@ class HFBackend:
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        if self.compact and self.growing_cache and _plain_generation_config(self.model):
-            rows = self._compacting_decode(input_ids, attention_mask, params)
-            return [self._completion(ids, lps) for ids, lps in rows]
-        recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
         # kvcache.growing_cache: no copy of the whole cache per decoded token (same numbers)
         cache = growing_cache(self.model, width + params.max_new_tokens) if self.growing_cache else None
+        if self.compact and cache is not None and _plain_generation_config(self.model):
+            rows = self._compacting_decode(input_ids, attention_mask, params, cache)
+            return [self._completion(ids, lps) for ids, lps in rows]
+        recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -170,7 +170,7 @@ class HFBackend:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason)
 
-    def _compacting_decode(self, input_ids, attention_mask, params: SamplingParams) -> list[tuple[list, list]]:
+    def _compacting_decode(self, input_ids, attention_mask, params: SamplingParams, cache) -> list[tuple[list, list]]:
         """transformers' sampling loop (``GenerationMixin._sample`` with this backend's settings:
         temperature and top-p warpers, EOS or ``max_new_tokens`` ends a row) in which rows that
         finished leave the batch, a quarter of it at a time: ``generate`` runs every row until the
@@ -178,15 +178,16 @@ class HFBackend:
         of them at ~500-token completions with a long tail). The random stream is transformers':
         every step draws one multinomial sample per original row (a finished row's from a point
         mass), so a call gives the tokens ``generate`` gives, up to the float rounding of smaller
-        batches. Returns per row the generated tokens (EOS included) and their log-probs."""
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+        batches. ``cache``: an empty ``kvcache.growing_cache``. Returns per row the generated tokens
+        (EOS included) and their log-probs."""
+        import inspect
 
         model, sampling = self.model, params.temperature > 0
+        last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         B, width = input_ids.shape
         warpers = LogitsProcessorList(
             ([TemperatureLogitsWarper(params.temperature)] if sampling and params.temperature != 1.0 else [])
             + ([TopPLogitsWarper(top_p=params.top_p)] if sampling and params.top_p < 1.0 else []))
-        cache = growing_cache(model, width + params.max_new_tokens)
         eos = torch.tensor(self.eos_ids, device=self.device)
         rows = torch.arange(B, device=self.device)  # original row of each batch position
         live = torch.ones(B, dtype=torch.bool, device=self.device)  # not finished, per batch position
@@ -196,7 +197,7 @@ class HFBackend:
         steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, tokens, log-probs)
         for _ in range(params.max_new_tokens):
             logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **cache_kwarg(model, cache)).logits[:, -1].float()
+                           **last_only, **cache_kwarg(model, cache)).logits[:, -1].float()
             scores = warpers(step_ids, logits)
             if sampling:
                 probs = torch.zeros((B, scores.shape[-1]), device=scores.device)
