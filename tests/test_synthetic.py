@@ -110,7 +110,7 @@ def test_chain_verbose_poses_the_chain_problems_with_verbose_lines():
     lines = verbose.gold_lines(p)
     start, op0 = p.meta["start"], p.meta["ops"][0]
     first = short.gold_lines(p)[0]  # "<start><op><b>=<c>"
-    assert lines[0] == f"Step 1: we have {start}, the next operation is {op0}, and {start}{op0} mod 10 is {first[-1]}."
+    assert lines[0] == f"Step 1: we have {start}, the next operation is {op0}, and mod 10 we get {first}."
     assert all(line.startswith(f"Step {k + 1}: ") for k, line in enumerate(lines))
     # wrong result at step 2 (the final digit before the full stop)
     out = list(lines)

@@ -10,7 +10,7 @@
                  Answer: 7
 
 ``chain_verbose`` poses the same problems as ``chain`` with ~64-token step lines
-(``Step 1: we have 7, the next operation is +3, and 7+3 mod 10 is 0.``), a long chain of thought
+(``Step 1: we have 7, the next operation is +3, and mod 10 we get 7+3=0.``), a long chain of thought
 with as many decisions as a short one.
 
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
@@ -244,7 +244,7 @@ class ChainBenchmark(_SyntheticBase):
 class ChainVerboseBenchmark(ChainBenchmark):
     """The ``chain`` problems (same prompts, same splits) with a verbose step line, ~64 tokens::
 
-        Step 3: we have 0, the next operation is -8, and 0-8 mod 10 is 2.
+        Step 3: we have 0, the next operation is -8, and mod 10 we get 0-8=2.
 
     Each line makes the same decisions as a ``chain`` line (the running value, the next
     operation, its result) plus the step number, wrapped in words that are predictable once
@@ -258,7 +258,7 @@ class ChainVerboseBenchmark(ChainBenchmark):
 
     @staticmethod
     def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
-        return f"Step {step}: we have {value}, the next operation is {op}{operand}, and {value}{op}{operand} mod 10 is {result}."
+        return f"Step {step}: we have {value}, the next operation is {op}{operand}, and mod 10 we get {value}{op}{operand}={result}."
 
 
 class SearchBenchmark(_SyntheticBase):
