@@ -314,10 +314,17 @@ def summarize(data: dict) -> None:
                       "eval_after": [r.get("eval_after") for r in results],
                       "others_cores_mean": statistics.fmean(r["others_cores_mean"] or 0.0 for r in results)}
     ratios = {}
-    if "grpo" in means and "rredcot" in means:
-        ratios["rredcot_over_grpo"] = means["rredcot"]["s_per_step"] / means["grpo"]["s_per_step"]
-    if "grpo" in means and "trl" in means:
-        ratios["trl_over_grpo"] = means["trl"]["s_per_step"] / means["grpo"]["s_per_step"]
+    per_repeat = {(r["run"], r["repeat"]): r for results in by_run.values() for r in results}
+    for key, (top, bottom) in {"rredcot_over_grpo": ("rredcot", "grpo"), "trl_over_grpo": ("trl", "grpo")}.items():
+        if top in means and bottom in means:
+            ratios[key] = means[top]["s_per_step"] / means[bottom]["s_per_step"]
+            # the same ratio within each repeat (runs next to each other), with both runs' load
+            ratios[key + "_per_repeat"] = [
+                {"repeat": rep, "ratio": per_repeat[(top, rep)]["mean"]["s_per_step"]
+                 / per_repeat[(bottom, rep)]["mean"]["s_per_step"],
+                 "others_cores": [per_repeat[(top, rep)]["others_cores_mean"],
+                                  per_repeat[(bottom, rep)]["others_cores_mean"]]}
+                for rep in sorted({r for (_, r) in per_repeat}) if (top, rep) in per_repeat and (bottom, rep) in per_repeat]
     decode = {(d["backend"], d["case"]): d for d in data.get("decode", []) if "tokens_per_s" in d}
     for backend in DECODE_BACKENDS:
         if (backend, "default") in decode and (backend, "long") in decode:
@@ -348,11 +355,18 @@ def write_md(data: dict, path: Path) -> None:
     else:
         L.append("Quiet machine: no run saw more than 0.15 cores used by other processes.\n")
     L.append("## Ratios\n")
+
+    def paired(key: str) -> str:
+        pairs = ratios.get(key + "_per_repeat", [])
+        return "; per repeat: " + ", ".join(
+            f"{p['ratio']:.2f} (others {p['others_cores'][0] or 0:.2f}/{p['others_cores'][1] or 0:.2f})"
+            for p in pairs) if len(pairs) > 1 else ""
+
     if "rredcot_over_grpo" in ratios:
-        L.append(f"- **RREDCoT / GRPO** (s/step): **{ratios['rredcot_over_grpo']:.2f}x**")
+        L.append(f"- **RREDCoT / GRPO** (s/step): **{ratios['rredcot_over_grpo']:.2f}x**{paired('rredcot_over_grpo')}")
     if "trl_over_grpo" in ratios:
         L.append(f"- **GRPO speed-up over TRL GRPOTrainer** (TRL s/round / GRPO s/step): "
-                 f"**{ratios['trl_over_grpo']:.2f}x**")
+                 f"**{ratios['trl_over_grpo']:.2f}x**{paired('trl_over_grpo')}")
     for backend in DECODE_BACKENDS:
         key = f"{backend}_default_over_long_tokens_per_s"
         if key in ratios:
