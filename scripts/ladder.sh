@@ -1,59 +1,70 @@
 #!/usr/bin/env bash
-# The length ladder's headroom table (docs/long-chains.md): sampled pass@1 (8 samples at T=1)
-# and greedy accuracy of each model on each rung, with the completion length, via `rredcot eval`.
+# The length ladder's headroom table (docs/long-chains.md, the model cards, the README): sampled
+# pass@1 (8 samples at T=1) and greedy accuracy of each model on each rung, with the completion
+# length, via `rredcot eval`.
 #
-#   scripts/ladder.sh                                          # the shipped tiny-chain, vLLM on the CPU
-#   LONG=runs/tiny-chain-long/sft/model scripts/ladder.sh      # and a long-chain model
-#   BACKEND=hf PROBLEMS=16 scripts/ladder.sh                   # a quick look with the HF backend
+#   scripts/ladder.sh                                  # tiny-chain, and the verbose model if trained, vLLM on the CPU
+#   BACKEND=hf PROBLEMS=16 scripts/ladder.sh           # a quick look with the HF backend
+#   LONG=runs/x/sft/model LONG_BENCHMARK=chain R3_STEPS="40 60" R4_STEPS="80 90" PER_STEP_TOKENS=8 \
+#       scripts/ladder.sh                              # another long-chain model and task
 #
-# Rungs: R1 and R2 are the plain `chain` task with the shipped tiny-chain (also measured on long
-# plain chains: its length cliff). R3 and R4 are LONG_BENCHMARK (default chain) at R3_STEPS and
-# R4_STEPS with the long-chain model LONG, plus shorter and longer lengths for its accuracy by
-# length. No long-chain model is shipped yet: three recipes failed (docs/long-chains.md).
+# Rungs: R1 and R2 are the plain `chain` task with the shipped tiny-chain (also measured at 40-60
+# steps: its length cliff). R3 and R4 are LONG_BENCHMARK (default chain_verbose: the same problems,
+# ~64 tokens per step) at R3_STEPS and R4_STEPS with the model LONG (default the output of the
+# chain_verbose fine-tune in docs/long-chains.md; none is shipped yet); R4 at 4-12 steps poses exactly R1's problems. BY_LENGTH adds one row per
+# chain length for the LONG model's card (PROBLEMS_PER_LENGTH problems each).
 #
 # Environment:
 #   LONG      the long-chain model (a folder or a shipped model's name); its rungs are skipped if absent
-#   LONG_BENCHMARK, R3_STEPS, R4_STEPS   its task and rung lengths (default chain, "40 60", "80 90")
+#   LONG_BENCHMARK, R3_STEPS, R4_STEPS   its task and rung lengths (default chain_verbose, "2 5", "4 12")
+#   PER_STEP_TOKENS   generation budget per chain step (default 80: a verbose line is ~65 tokens)
+#   BY_LENGTH         chain lengths for the per-length rows (default "2 4 6 8 10 12 14 16"; "" for none)
 #   BACKEND   vllm (default; the CPU build samples long chains ~6x faster than HF) or hf
-#   PROBLEMS  test problems per rung (default 64)
+#   PROBLEMS  test problems per rung (default 64); PROBLEMS_PER_LENGTH (default 32)
 #   RUNS      where the eval run dirs go (default runs/ladder); OUT the JSON summary (default
 #             docs/bench/ladder.json)
 # A finished eval (same config) is skipped by `rredcot eval` itself, so the script can be rerun.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python}
-LONG=${LONG:-runs/tiny-chain-long/sft/model}
-LONG_BENCHMARK=${LONG_BENCHMARK:-chain}
-R3_STEPS=${R3_STEPS:-40 60}
-R4_STEPS=${R4_STEPS:-80 90}
+LONG=${LONG:-runs/tiny-chain-verbose/sft/model}
+LONG_TAG=$(basename "$LONG")
+[[ "$LONG_TAG" == model ]] && LONG_TAG=$(basename "$(dirname "$(dirname "$LONG")")")  # runs/NAME/sft/model
+LONG_BENCHMARK=${LONG_BENCHMARK:-chain_verbose}
+R3_STEPS=${R3_STEPS:-2 5}
+R4_STEPS=${R4_STEPS:-4 12}
+BY_LENGTH=${BY_LENGTH-2 4 6 8 10 12 14 16}
+PROBLEMS_PER_LENGTH=${PROBLEMS_PER_LENGTH:-32}
 BACKEND=${BACKEND:-vllm}
 PROBLEMS=${PROBLEMS:-64}
 RUNS=${RUNS:-runs/ladder}
 OUT=${OUT:-docs/bench/ladder.json}
-PER_STEP_TOKENS=${PER_STEP_TOKENS:-8}  # generation budget per chain step (a `chain` line is ~6 tokens)
+PER_STEP_TOKENS=${PER_STEP_TOKENS:-80}  # generation budget per step of the LONG task (plain chain: 8)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-# model  tag  benchmark  rung  min_steps  max_steps
+# model  tag  benchmark  rung  min_steps  max_steps  problems  tokens-per-step
 LADDER=(
-  "embedded tiny-chain chain R1 4 12"
-  "embedded tiny-chain chain R2 14 20"
-  "embedded tiny-chain chain plain-40-60 40 60"
-  "$LONG tiny-chain-long $LONG_BENCHMARK short-4-12 4 12"
-  "$LONG tiny-chain-long $LONG_BENCHMARK R3 $R3_STEPS"
-  "$LONG tiny-chain-long $LONG_BENCHMARK R4 $R4_STEPS"
+  "embedded tiny-chain chain R1 4 12 $PROBLEMS 8"
+  "embedded tiny-chain chain R2 14 20 $PROBLEMS 8"
+  "embedded tiny-chain chain plain-40-60 40 60 $PROBLEMS 8"
+  "$LONG $LONG_TAG $LONG_BENCHMARK R3 $R3_STEPS $PROBLEMS $PER_STEP_TOKENS"
+  "$LONG $LONG_TAG $LONG_BENCHMARK R4 $R4_STEPS $PROBLEMS $PER_STEP_TOKENS"
 )
+for steps in $BY_LENGTH; do
+  LADDER+=("$LONG $LONG_TAG $LONG_BENCHMARK steps$steps $steps $steps $PROBLEMS_PER_LENGTH $PER_STEP_TOKENS")
+done
 have_long=$($PYTHON -c "import sys; from pathlib import Path; from rredcot_cli.models import resolve_model_path; \
 print(int(Path(resolve_model_path(sys.argv[1]), 'config.json').is_file()))" "$LONG")
 started=$SECONDS
 for entry in "${LADDER[@]}"; do
-  read -r model tag benchmark rung lo hi <<<"$entry"
-  if [[ "$tag" == tiny-chain-long && "$have_long" != 1 ]]; then
+  read -r model tag benchmark rung lo hi problems per_step <<<"$entry"
+  if [[ "$tag" == "$LONG_TAG" && "$have_long" != 1 ]]; then
     echo "ladder: no model at LONG=$LONG; skipping $rung"
     continue
   fi
-  budget=$((PER_STEP_TOKENS * hi + 64))  # the answer line and slack
+  budget=$((per_step * hi + 64))  # the answer line and slack
   common=(model.path="$model" backend="$BACKEND" benchmark="$benchmark" benchmark.min_steps="$lo"
-          benchmark.max_steps="$hi" sampling.max_new_tokens="$budget" eval.num_problems="$PROBLEMS" seed=0)
+          benchmark.max_steps="$hi" sampling.max_new_tokens="$budget" eval.num_problems="$problems" seed=0)
   $PYTHON -m rredcot_cli eval run.dir="$RUNS/$tag/$rung-sampled" "${common[@]}" eval.n=8 "eval.k=[1,8]"
   $PYTHON -m rredcot_cli eval run.dir="$RUNS/$tag/$rung-greedy" "${common[@]}" eval.n=1 "eval.k=[1]" eval.temperature=0
 done
