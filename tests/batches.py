@@ -17,3 +17,43 @@ def batch_from_segments(rewards, groups, seg_lengths, padding=0):
             t += n
     return CreditBatch(rewards=torch.tensor(rewards, dtype=torch.float32), group_ids=torch.tensor(groups),
                        segment_ids=ids, num_segments=torch.tensor([len(s) for s in seg_lengths]))
+
+
+def tiny_chain_credit_batch():
+    """The embedded policy, four samples of one 4-step chain problem (two gold completions and
+    two that miscompute step 1, then carry on consistently), and a maker of their credit batch,
+    segmented by newline: (policy, samples, make_batch)."""
+    from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
+    from rredcot_cli.rollout import credit_batch, load_policy, segment_rows
+    from rredcot_cli.segmenters import get_segmenter
+
+    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
+                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
+                         tensor_parallel_size=1, enforce_eager=False, seed=0)
+    bench = ChainBenchmark(4, 4)
+    problem = bench.load("test", 1)[0]
+    value, lines = problem.meta["start"], []
+    for k, op in enumerate(problem.meta["ops"]):
+        result = apply_op(value, op[0], int(op[1:]))
+        if k == 1:
+            result = (result + 3) % 10
+        lines.append(f"{value}{op}={result}")
+        value = result
+    wrong = "\n".join(lines) + f"\nAnswer: {value}"
+    tok = policy.tokenizer
+    prompt = bench.prompt(problem)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+    def sample(text, idx):
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return {"prompt_id": problem.prompt_id, "sample_idx": idx, "prompt": prompt, "prompt_token_ids": prompt_ids,
+                "completion": text, "completion_token_ids": ids, "completion_logprobs": [0.0] * len(ids),
+                "reward": bench.verify(text, problem), "gold_answer": problem.gold_answer,
+                "pred_answer": bench.extract_answer(text), "benchmark": bench.name}
+
+    gold = bench.solution(problem)
+    samples = [sample(gold, 0), sample(wrong, 1), sample(gold, 2), sample(wrong + "\n", 3)]
+    assert [s["reward"] for s in samples] == [1.0, 0.0, 1.0, 0.0]
+    segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
+                            max_segments=40)
+    return policy, samples, lambda: credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
