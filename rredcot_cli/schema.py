@@ -285,6 +285,14 @@ class SFTConfig:
     # Continue from this model instead of training from scratch: a model folder written by
     # `rredcot sft`, or a shipped model's name (tiny-chain). The architecture below is then unused.
     init: Optional[str] = None
+    # Rehearsal: this fraction of the examples comes from another synthetic benchmark (e.g.
+    # mix_benchmark=chain while fine-tuning on chain_verbose keeps the compact `a+b=c` lines, and
+    # with them the arithmetic, in practice). Its problems use data_seed + 1, the same lengths.
+    mix_benchmark: Optional[str] = None
+    mix_fraction: float = 0.0
+    # Batch examples of similar length together (within windows of 32 batches, batch order
+    # shuffled): the same examples with less padding, which matters for long lines.
+    group_by_length: bool = False
     # Architecture of the model trained from scratch.
     hidden_size: int = 128
     num_layers: int = 6
@@ -438,6 +446,7 @@ RANGES: Dict[str, str] = {
     "sft.max_steps": ">= 1",
     "sft.min_steps": "[1, sft.max_steps]",
     "sft.solution_error_rate": "[0, 1]",
+    "sft.mix_fraction": "[0, 1)",
     "sft.hidden_size": ">= 1",
     "sft.num_layers": ">= 1",
     "sft.num_heads": ">= 1",

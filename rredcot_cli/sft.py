@@ -43,6 +43,31 @@ def _encode_examples(
     return examples
 
 
+def _mixed_examples(primary: list, rehearsal: list, seed: int) -> list:
+    """``primary`` and ``rehearsal`` examples shuffled together (seeded); ``primary`` as is when
+    there is nothing to rehearse, so an unmixed run trains on the order it always did."""
+    if not rehearsal:
+        return primary
+    examples = primary + rehearsal
+    random.Random(seed).shuffle(examples)
+    return examples
+
+
+def _grouped_by_length(examples: list, batch_size: int, seed: int, window_batches: int = 32) -> list:
+    """The same examples reordered so that each batch holds similar lengths: within windows of
+    ``window_batches`` batches the examples are sorted by length and cut into batches, whose order
+    is then shuffled (seeded), so training does not see short-to-long order inside a window."""
+    rng = random.Random(seed)
+    window = batch_size * window_batches
+    ordered = []
+    for start in range(0, len(examples), window):
+        chunk = sorted(examples[start : start + window], key=lambda e: len(e[0]) + len(e[1]))
+        batches = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        ordered.extend(e for b in batches for e in b)
+    return ordered
+
+
 def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
     """Right-padded ``input_ids`` (B, L), ``attention_mask`` (B, L) and ``loss_mask`` (B, L-1).
 
@@ -82,6 +107,9 @@ def train_sft(
     solution_error_rate: float = 0.0,
     progress: bool = True,
     init: str | Path | None = None,
+    mix_benchmark=None,
+    mix_fraction: float = 0.0,
+    group_by_length: bool = False,
 ) -> dict:
     """Train a fresh tiny model on ``benchmark``'s gold solutions and save it to ``output_dir``;
     with ``init`` (a model folder with the same character tokenizer, e.g. the shipped
@@ -91,6 +119,10 @@ def train_sft(
     its "train" split are used once each, in order. ``eval_fn(model, tokenizer, step) -> dict`` is
     called (model in eval mode, no grad) every ``eval_every`` steps if > 0 and after the last
     step; its numbers are merged into the returned metrics and the history.
+
+    With ``mix_benchmark`` (same interface), ``mix_fraction`` of the ``steps * batch_size``
+    examples are its train problems instead, shuffled in with the rest (rehearsal of a format the
+    model should keep). ``group_by_length`` batches similar lengths together (less padding).
 
     Returns ``{"loss", "steps", "seconds", "num_parameters", "history", **final eval}``, where
     ``loss`` is the mean completion loss of the last 20 steps and ``history`` a list of dicts.
@@ -113,8 +145,16 @@ def train_sft(
         eos_token_id=tokenizer.eos_token_id,
     )
     model.train()
-    problems = benchmark.load("train", limit=steps * batch_size)
+    total = steps * batch_size
+    rehearsed = round(total * mix_fraction) if mix_benchmark is not None else 0
+    problems = benchmark.load("train", limit=total - rehearsed)
     examples = _encode_examples(benchmark, problems, tokenizer, solution_error_rate, seed)
+    if rehearsed:
+        rehearsal = _encode_examples(mix_benchmark, mix_benchmark.load("train", limit=rehearsed), tokenizer,
+                                     solution_error_rate, seed + 1)
+        examples = _mixed_examples(examples, rehearsal, seed)
+    if group_by_length:
+        examples = _grouped_by_length(examples, batch_size, seed)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -157,11 +197,13 @@ def train_sft(
 
             recent = (recent + [loss.item()])[-20:]
             record = {"step": step + 1, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                      "tokens": int(attention_mask.sum()), "padded_tokens": int(attention_mask.numel()),
                       "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - started}
-            if eval_fn is not None and ((eval_every > 0 and (step + 1) % eval_every == 0) or step + 1 == steps):
+            evaluated = eval_fn is not None and ((eval_every > 0 and (step + 1) % eval_every == 0) or step + 1 == steps)
+            if evaluated:
                 final_eval = run_eval(step + 1)
                 record.update(final_eval)
-            if (step + 1) % 10 == 0 or step + 1 == steps or len(record) > 5:
+            if (step + 1) % 10 == 0 or step + 1 == steps or evaluated:
                 history.append(record)
             bar.update(task, advance=1, info=f"loss {sum(recent) / len(recent):.4f} lr {record['lr']:.2e}")
 

@@ -152,3 +152,53 @@ def test_train_sft_smoke(tmp_path):
     model, tok = load_model_and_tokenizer(str(tmp_path / "sft"))
     assert (tmp_path / "sft" / "model.safetensors").exists()
     assert model.config.max_position_embeddings == 256 and tok.eos_token_id == model.config.eos_token_id
+
+
+@settings(max_examples=50, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=80), batch_size=st.integers(1, 9),
+       seed=st.integers(0, 5))
+def test_grouped_by_length_is_a_permutation_with_no_more_padding(lengths, batch_size, seed):
+    """Grouping reorders the examples (none lost or repeated) and never pads more than the input order."""
+    from rredcot_cli.sft import _grouped_by_length
+
+    examples = [([i], [0] * n) for i, n in enumerate(lengths)]
+    grouped = _grouped_by_length(examples, batch_size, seed, window_batches=4)
+    assert sorted(e[0][0] for e in grouped) == list(range(len(lengths)))
+
+    def padded(seq):
+        return sum(max(len(p) + len(c) for p, c in seq[i : i + batch_size]) * len(seq[i : i + batch_size])
+                   for i in range(0, len(seq), batch_size))
+
+    # window = 4 batches: within a full window sorting cannot increase the padded total
+    full = len(lengths) - len(lengths) % (4 * batch_size)
+    assert padded(grouped[:full]) <= padded(examples[:full])
+
+
+def test_train_sft_rehearsal_mixes_the_requested_fraction(tmp_path, monkeypatch):
+    """sft.mix_fraction of the examples come from the rehearsal benchmark, shuffled among the rest."""
+    from rredcot_cli import sft as sft_module
+    from rredcot_cli.benchmarks.synthetic import ChainVerboseBenchmark
+
+    seen = []
+    real_collate = sft_module._collate
+    monkeypatch.setattr(sft_module, "_collate", lambda batch, pad: (seen.extend(batch), real_collate(batch, pad))[1])
+    sft_module.train_sft(
+        benchmark=ChainVerboseBenchmark(1, 2), output_dir=tmp_path / "m", steps=5, batch_size=4, lr=1e-3,
+        weight_decay=0.0, grad_clip=1.0, warmup_steps=1, hidden_size=16, num_layers=1, num_heads=2,
+        intermediate_size=32, max_position_embeddings=512, seed=0, progress=False,
+        mix_benchmark=ChainBenchmark(1, 2, data_seed=7), mix_fraction=0.25, group_by_length=True,
+    )
+    tok = build_char_tokenizer()
+    verbose = ["Step" in tok.decode(c) for _, c in seen]
+    assert len(seen) == 20 and verbose.count(False) == 5
+
+
+def test_sft_stage_rejects_a_rehearsal_benchmark_without_solutions(tmp_path):
+    from typer.testing import CliRunner
+
+    from rredcot_cli.cli import app
+
+    result = CliRunner().invoke(app, ["sft", f"run.dir={tmp_path}/r", "sft.steps=1", "sft.batch_size=2",
+                                      "sft.mix_benchmark=gsm8k", "sft.mix_fraction=0.5"])
+    assert result.exit_code != 0
+    assert "sft.mix_benchmark=gsm8k" in result.output

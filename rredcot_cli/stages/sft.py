@@ -30,6 +30,13 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if not hasattr(benchmark, "solution"):
         raise RredcotError(f"rredcot sft needs a synthetic benchmark with gold solutions (chain, search), "
                            f"not benchmark={cfg.benchmark.name}")
+    mix = None
+    if f.mix_benchmark and f.mix_fraction > 0:
+        mix = make_benchmark(f.mix_benchmark, min_steps=f.min_steps, max_steps=f.max_steps,
+                             data_seed=cfg.benchmark.data_seed + 1)
+        if not hasattr(mix, "solution"):
+            raise RredcotError(f"sft.mix_benchmark={f.mix_benchmark}: rehearsal needs a synthetic benchmark with "
+                               f"gold solutions (chain, chain_verbose, search)")
     model_dir = out.dir / "model"
     with runs.atomic_path(model_dir) as tmp:  # a killed run never leaves a half-written model
         result = train_sft(benchmark=benchmark, output_dir=tmp, steps=f.steps, batch_size=f.batch_size, lr=f.lr,
@@ -37,7 +44,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                            hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
                            intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
                            solution_error_rate=f.solution_error_rate, seed=cfg.seed,
-                           init=init)
+                           init=init, mix_benchmark=mix, mix_fraction=f.mix_fraction,
+                           group_by_length=f.group_by_length)
     out.finish({"model": model_dir / "model.safetensors"}, extra=result)
     console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
                   f"(use it with model.path={model_dir})")
