@@ -106,6 +106,8 @@ def test_chain_verbose_poses_the_chain_problems_with_verbose_lines():
         a, b = short.load(split, 20), verbose.load(split, 20)
         assert [(p.question, p.gold_answer, p.meta) for p in a] == [(p.question, p.gold_answer, p.meta) for p in b]
         assert all(p.prompt_id.startswith(f"chain_verbose/{split}/") for p in b)
+        # the prompt asks for the verbose format, so a model trained on both formats can tell them apart
+        assert all(verbose.prompt(q) == short.prompt(q)[:-1] + ", step by step in words\n" for q in b)
     p = verbose.load("test", 1)[0]
     lines = verbose.gold_lines(p)
     start, op0 = p.meta["start"], p.meta["ops"][0]

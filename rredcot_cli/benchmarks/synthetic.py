@@ -242,7 +242,8 @@ class ChainBenchmark(_SyntheticBase):
 
 
 class ChainVerboseBenchmark(ChainBenchmark):
-    """The ``chain`` problems (same prompts, same splits) with a verbose step line, ~64 tokens::
+    """The ``chain`` problems (same questions, same splits; the prompt adds "step by step in words")
+    with a verbose step line, ~64 tokens::
 
         Step 3: we have 0, the next operation is -8, and mod 10 we get 0-8=2.
 
@@ -255,6 +256,12 @@ class ChainVerboseBenchmark(ChainBenchmark):
     """
 
     name = "chain_verbose"
+    # The prompt says which format is wanted, so one model can be trained on both (rehearsing
+    # `chain` keeps its arithmetic) and still tell them apart; the problem itself is unchanged.
+    PROMPT_CUE = ", step by step in words"
+
+    def prompt(self, problem: Problem) -> str:
+        return problem.question + self.PROMPT_CUE + "\n"
 
     @staticmethod
     def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
