@@ -110,20 +110,26 @@ def test_chain_verbose_poses_the_chain_problems_with_verbose_lines():
         assert all(verbose.prompt(q) == short.prompt(q)[:-1] + ", step by step in words\n" for q in b)
     p = verbose.load("test", 1)[0]
     lines = verbose.gold_lines(p)
-    start, op0 = p.meta["start"], p.meta["ops"][0]
+    start, ops = p.meta["start"], p.meta["ops"]
     first = short.gold_lines(p)[0]  # "<start><op><b>=<c>"
-    assert lines[0] == f"Step 1: we have {start}, the next operation is {op0}, and mod 10 we get {first}."
+    assert lines[0] == f"Step 1: we have {start}, the operations left are {' '.join(ops)}, so mod 10 we get {first}."
     assert all(line.startswith(f"Step {k + 1}: ") for k, line in enumerate(lines))
+    # each line carries the operations still to do: the line above's list minus its first entry
+    left = [line.split("are ", 1)[1].split(",", 1)[0].split() for line in lines]
+    assert left == [ops[k:] for k in range(len(ops))]
     # wrong result at step 2 (the final digit before the full stop)
     out = list(lines)
     out[2] = out[2][:-2] + str((int(out[2][-2]) + 1) % 10) + "."
     assert verbose.first_wrong_step("\n".join(out) + f"\nAnswer: {p.gold_answer}", p) == 2
-    # a miscounted step number is a wrong line too
+    # a miscounted step number is a wrong line too, and so is a wrong list of operations left
     out = list(lines)
     out[1] = out[1].replace("Step 2:", "Step 3:")
     assert verbose.first_wrong_step("\n".join(out), p) == 1
-    # ~64 characters per step (character tokens): a 4-12 step chain is hundreds of tokens
-    assert all(60 <= len(line) <= 70 for line in lines)
+    out = list(lines)
+    out[3] = out[3].replace(f"are {ops[3]}", f"are {ops[2]}", 1)
+    assert verbose.first_wrong_step("\n".join(out), p) == 3
+    # tens of characters per step (character tokens): a 4-12 step chain is hundreds of tokens
+    assert all(60 <= len(line) <= 70 + 3 * len(ops) for line in lines)
 
 
 def test_verify_and_extract():

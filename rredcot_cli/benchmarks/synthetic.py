@@ -9,8 +9,8 @@
                  2+5=7
                  Answer: 7
 
-``chain_verbose`` poses the same problems as ``chain`` with ~64-token step lines
-(``Step 1: we have 7, the next operation is +3, and mod 10 we get 7+3=0.``), a long chain of thought
+``chain_verbose`` poses the same problems as ``chain`` with ~70-100-token step lines
+(``Step 1: we have 7, the operations left are +3 *2, so mod 10 we get 7+3=0.``), a long chain of thought
 with as many decisions as a short one.
 
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
@@ -232,27 +232,30 @@ class ChainBenchmark(_SyntheticBase):
             new = apply_op(value, op, b)
             if error_rate > 0 and rng.random() < error_rate:
                 new = rng.choice([d for d in range(MOD) if d != new])
-            lines.append(self._line(len(lines) + 1, value, op, b, new))
+            lines.append(self._line(len(lines) + 1, value, op, b, new, problem.meta["ops"][len(lines):]))
             value = new
         return lines, str(value)
 
     @staticmethod
-    def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
+    def _line(step: int, value: int, op: str, operand: int, result: int, remaining: list[str]) -> str:
+        """Step ``step``'s line; ``remaining`` is the operations from this one to the end."""
         return f"{value}{op}{operand}={result}"
 
 
 class ChainVerboseBenchmark(ChainBenchmark):
-    """The ``chain`` problems (same questions, same splits; the prompt adds "step by step in words")
-    with a verbose step line, ~64 tokens::
+    """The ``chain`` problems (same questions, same splits; the prompt adds "step by step in
+    words") with a verbose step line that carries the operations still to do::
 
-        Step 3: we have 0, the next operation is -8, and mod 10 we get 0-8=2.
+        Step 3: we have 0, the operations left are -8 *3 +2, so mod 10 we get 0-8=2.
 
-    Each line makes the same decisions as a ``chain`` line (the running value, the next
-    operation, its result) plus the step number, wrapped in words that are predictable once
-    learned: a chain of 4-12 steps is ~300-800 tokens instead of ~60. This is how a long chain of
-    thought looks to credit assignment: many tokens, few of them decisive. It stands in for
-    longer chains because the tiny models do not generalise past the number of steps they were
-    trained on (docs/long-chains.md records three failed long-step recipes).
+    Each line makes the decisions a ``chain`` line makes (carry the running value, take the next
+    operation, compute it) plus the step number, wrapped in words that are predictable once
+    learned and the list of operations left, copied from the line above minus its first entry.
+    That list is why this format is learnable by the tiny models: the next operation is read
+    from the previous line, not looked up hundreds of tokens back in the prompt, which a model
+    fine-tuned on a lookup format (``the next operation is -8``) never learned past step 4
+    (docs/long-chains.md, Amendment 3). A chain of 4-12 steps is ~300-1,000 tokens instead of
+    ~60: a long chain of thought in which few tokens are decisive.
     """
 
     name = "chain_verbose"
@@ -264,8 +267,9 @@ class ChainVerboseBenchmark(ChainBenchmark):
         return problem.question + self.PROMPT_CUE + "\n"
 
     @staticmethod
-    def _line(step: int, value: int, op: str, operand: int, result: int) -> str:
-        return f"Step {step}: we have {value}, the next operation is {op}{operand}, and mod 10 we get {value}{op}{operand}={result}."
+    def _line(step: int, value: int, op: str, operand: int, result: int, remaining: list[str]) -> str:
+        return (f"Step {step}: we have {value}, the operations left are {' '.join(remaining)}, "
+                f"so mod 10 we get {value}{op}{operand}={result}.")
 
 
 class SearchBenchmark(_SyntheticBase):
