@@ -116,8 +116,8 @@ def build_tiny_model(
 
 
 def shipped_model_dir(name: str) -> Path | None:
-    """The folder of a model shipped in ``rredcot_cli/assets`` named ``name`` (today only
-    ``tiny-chain``, also called ``embedded``), or None for anything else. A shipped
+    """The folder of a model shipped in ``rredcot_cli/assets`` named ``name`` (``tiny-chain``, also
+    called ``embedded``, and ``tiny-chain-verbose``), or None for anything else. A shipped
     name wins over a folder of the same name in the working directory: write ``./NAME`` for that."""
     if name == EMBEDDED_MODEL:
         return EMBEDDED_DIR

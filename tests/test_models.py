@@ -127,6 +127,29 @@ def test_embedded_checkpoint_loads():
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+def test_shipped_verbose_model_continues_gold_chain_verbose_lines():
+    """tiny-chain-verbose ships with the character tokenizer of tiny-chain, and under teacher
+    forcing it predicts every decisive character (value, operation, operand, result, operations
+    left) of gold chain_verbose lines for most test problems: the model card's claim, in small."""
+    from rredcot_cli.benchmarks.synthetic import ChainVerboseBenchmark
+
+    assert Path(resolve_model_path("tiny-chain-verbose")).name == "tiny-chain-verbose"
+    model, tok = load_model_and_tokenizer("tiny-chain-verbose")
+    assert count_parameters(model) == 1_587_328
+    assert tok.get_vocab() == build_char_tokenizer().get_vocab()
+    bench = ChainVerboseBenchmark()
+    solved = 0
+    for p in bench.load("test", 8):
+        text = bench.prompt(p) + bench.solution(p)
+        ids = tok.encode(text, add_special_tokens=False)
+        with torch.no_grad():
+            predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
+        start = len(bench.prompt(p))
+        digits_and_ops = [i for i in range(start, len(text)) if text[i] in "0123456789+-*"]
+        solved += all(predicted[i - 1].item() == ids[i] for i in digits_and_ops)
+    assert solved >= 6
+
+
 def test_import_rredcot_cli_does_not_import_torch():
     code = "import sys, rredcot_cli, rredcot_cli.benchmarks.synthetic; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
