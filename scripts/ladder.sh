@@ -3,21 +3,21 @@
 # pass@1 (8 samples at T=1) and greedy accuracy of each model on each rung, with the completion
 # length, via `rredcot eval`.
 #
-#   scripts/ladder.sh                                  # tiny-chain, and the verbose model if trained, vLLM on the CPU
+#   scripts/ladder.sh                                  # tiny-chain and tiny-chain-verbose, vLLM on the CPU
 #   BACKEND=hf PROBLEMS=16 scripts/ladder.sh           # a quick look with the HF backend
 #   LONG=runs/x/sft/model LONG_BENCHMARK=chain R3_STEPS="40 60" R4_STEPS="80 90" PER_STEP_TOKENS=8 \
 #       scripts/ladder.sh                              # another long-chain model and task
 #
 # Rungs: R1 and R2 are the plain `chain` task with the shipped tiny-chain (also measured at 40-60
 # steps: its length cliff). R3 and R4 are LONG_BENCHMARK (default chain_verbose: the same problems,
-# ~64 tokens per step) at R3_STEPS and R4_STEPS with the model LONG (default the output of the
-# chain_verbose fine-tune in docs/long-chains.md; none is shipped yet); R4 at 4-12 steps poses exactly R1's problems. BY_LENGTH adds one row per
+# ~70-100 tokens per step) at R3_STEPS and R4_STEPS with the model LONG (default the shipped
+# tiny-chain-verbose); R4 at 4-12 steps poses exactly R1's problems. BY_LENGTH adds one row per
 # chain length for the LONG model's card (PROBLEMS_PER_LENGTH problems each).
 #
 # Environment:
-#   LONG      the long-chain model (a folder or a shipped model's name); its rungs are skipped if absent
+#   LONG      the long-chain model (a folder or a shipped model's name, default tiny-chain-verbose); its rungs are skipped if absent
 #   LONG_BENCHMARK, R3_STEPS, R4_STEPS   its task and rung lengths (default chain_verbose, "2 5", "4 12")
-#   PER_STEP_TOKENS   generation budget per chain step (default 80: a verbose line is ~65 tokens)
+#   PER_STEP_TOKENS   generation budget per chain step (default 100: a verbose line is ~70-100 tokens)
 #   BY_LENGTH         chain lengths for the per-length rows (default "2 4 6 8 10 12 14 16"; "" for none)
 #   BACKEND   vllm (default; the CPU build samples long chains ~6x faster than HF) or hf
 #   PROBLEMS  test problems per rung (default 64); PROBLEMS_PER_LENGTH (default 32)
@@ -27,7 +27,7 @@
 set -euo pipefail
 
 PYTHON=${PYTHON:-python}
-LONG=${LONG:-runs/tiny-chain-verbose/sft/model}
+LONG=${LONG:-tiny-chain-verbose}
 LONG_TAG=$(basename "$LONG")
 [[ "$LONG_TAG" == model ]] && LONG_TAG=$(basename "$(dirname "$(dirname "$LONG")")")  # runs/NAME/sft/model
 LONG_BENCHMARK=${LONG_BENCHMARK:-chain_verbose}
@@ -39,7 +39,7 @@ BACKEND=${BACKEND:-vllm}
 PROBLEMS=${PROBLEMS:-64}
 RUNS=${RUNS:-runs/ladder}
 OUT=${OUT:-docs/bench/ladder.json}
-PER_STEP_TOKENS=${PER_STEP_TOKENS:-80}  # generation budget per step of the LONG task (plain chain: 8)
+PER_STEP_TOKENS=${PER_STEP_TOKENS:-100}  # generation budget per step of the LONG task (plain chain: 8)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # model  tag  benchmark  rung  min_steps  max_steps  problems  tokens-per-step
