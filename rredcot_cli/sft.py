@@ -44,10 +44,8 @@ def _encode_examples(
 
 
 def _mixed_examples(primary: list, rehearsal: list, seed: int) -> list:
-    """``primary`` and ``rehearsal`` examples shuffled together (seeded); ``primary`` as is when
-    there is nothing to rehearse, so an unmixed run trains on the order it always did."""
-    if not rehearsal:
-        return primary
+    """``primary`` and ``rehearsal`` examples shuffled together (seeded). Only called with a
+    rehearsal set, so an unmixed run trains on the order it always did."""
     examples = primary + rehearsal
     random.Random(seed).shuffle(examples)
     return examples
