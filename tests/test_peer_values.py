@@ -219,6 +219,25 @@ def test_continuations_greedy_match_generate_and_do_not_depend_on_batching(polic
     assert other_seed != sampled
 
 
+def test_continuations_same_with_transformers_cache(policy, monkeypatch):
+    """kvcache.growing_cache and the lazy dropping of finished rows change the cost, not the
+    samples: transformers' concatenating cache gives the same continuations."""
+    from transformers import DynamicCache
+
+    import rredcot_cli.values.mc as mc
+
+    tok = policy.tokenizer
+    prefixes = [tok("Compute mod 10: 3 +4 *2\n", add_special_tokens=False)["input_ids"],
+                tok("Compute mod 10: 7 -1 +9 *3 -2\n7-1=6\n", add_special_tokens=False)["input_ids"],
+                tok("Compute mod 10: 5\n", add_special_tokens=False)["input_ids"]]
+    kwargs = dict(k=4, max_new_tokens=40, temperature=1.0, top_p=0.9, eos_ids=[tok.eos_token_id],
+                  pad_id=tok.pad_token_id, seed=3)
+    growing = mc.sample_continuations(policy.model, prefixes, **kwargs)
+    monkeypatch.setattr(mc, "_empty_cache", lambda model, max_length: DynamicCache())
+    assert mc.sample_continuations(policy.model, prefixes, **kwargs) == growing
+    assert len({len(c) for cs in growing for c in cs}) > 1  # rows finished at different steps
+
+
 def test_mc_greedy_values_are_the_verified_greedy_continuation(traces, policy):
     """Temperature 0: every continuation is the greedy one, so V(S_k) in {0, 1} is exactly the
     verifier's verdict on prefix + greedy continuation, and V(S_K) is the reward."""

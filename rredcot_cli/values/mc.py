@@ -38,6 +38,17 @@ def _returned_cache(out):
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
+def _empty_cache(model: torch.nn.Module, max_length: int):
+    """kvcache.growing_cache (no copy of the whole cache per decoded token: at ~700-token prefixes
+    transformers' concatenating cache made continuations ~6x slower than the sampler), or
+    transformers' own where the installed version has no layered cache."""
+    from transformers import DynamicCache
+
+    from rredcot_cli.kvcache import growing_cache
+
+    return growing_cache(model, max_length) or DynamicCache()
+
+
 def warp_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """(R, V) logits -> (R, V) log-probs of the sampling distribution (temperature, then top-p:
     keep the smallest set of most likely tokens whose mass reaches ``top_p``, as HF's warper).
@@ -83,8 +94,6 @@ def sample_continuations(
     ``stats``: ``prefill_tokens`` (prefix positions encoded, padding included),
     ``generated_tokens`` (decode steps x rows still running), ``continuations``.
     """
-    from transformers import DynamicCache
-
     results: list[list[list[int]] | None] = [None] * len(prefixes)
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
     # Similar lengths share a chunk (less padding).
@@ -104,7 +113,7 @@ def sample_continuations(
         # Left padding: positions count real tokens only, as in HF generate.
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **_cache_kwarg(model, DynamicCache()))
+                    logits_to_keep=1, **_cache_kwarg(model, _empty_cache(model, width + max_new_tokens)))
         cache = _returned_cache(out)
         cache.batch_repeat_interleave(k)
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)
@@ -116,9 +125,10 @@ def sample_continuations(
             g.manual_seed(prefix_seed(seed, prefixes[j]))
             generators.append(g)
         rows = len(chunk) * k
-        # Finished rows leave the batch (their cache rows are dropped), so a chunk costs the
-        # tokens actually generated, not rows x the longest continuation.
-        alive = torch.arange(rows, device=device)  # original row index of each batch row
+        # Finished rows leave the batch a quarter of it at a time (each drop copies the cache once),
+        # so a chunk costs about the tokens actually generated, not rows x the longest continuation.
+        in_batch = torch.arange(rows, device=device)  # original row index of each batch row
+        live = torch.ones(rows, dtype=torch.bool, device=device)  # not finished, per batch row
         sampled = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         generated = 0
@@ -128,27 +138,28 @@ def sample_continuations(
                 # Gumbel-max sampling, argmax(log p + G) ~ p, with noise from the prefix's own
                 # generator: a full (k, V) draw per step while any of its rows runs, so the stream
                 # does not depend on which rows have finished or on other prefixes.
-                owners = alive // k
-                noise = torch.empty_like(logp)
+                owners = in_batch // k
+                noise = torch.zeros_like(logp)
                 for r, g in enumerate(generators):
                     here = owners == r
-                    if bool(here.any()):
-                        noise[here] = torch.rand((k, logp.shape[-1]), generator=g, device=device)[alive[here] % k]
+                    if bool((here & live).any()):
+                        noise[here] = torch.rand((k, logp.shape[-1]), generator=g, device=device)[in_batch[here] % k]
                 gumbel = -torch.log(-torch.log(noise.clamp(min=torch.finfo(torch.float32).tiny)))
                 token = (logp + gumbel).argmax(-1)
             else:
                 token = logits.argmax(-1)
-            sampled[alive, step] = token
-            lengths[alive] = step + 1
-            generated += alive.numel()
-            running = ~torch.isin(token, eos)
-            if not bool(running.any()) or step == max_new_tokens - 1:
+            sampled[in_batch[live], step] = token[live]
+            lengths[in_batch[live]] = step + 1
+            generated += int(live.sum())
+            live = live & ~torch.isin(token, eos)
+            if not bool(live.any()) or step == max_new_tokens - 1:
                 break
-            if not bool(running.all()):
-                keep = running.nonzero()[:, 0]
+            if 4 * int((~live).sum()) >= live.numel():
+                keep = live.nonzero()[:, 0]
                 cache.batch_select_indices(keep)
-                alive, token, attention, next_position = alive[keep], token[keep], attention[keep], next_position[keep]
-            attention = torch.cat([attention, torch.ones((alive.numel(), 1), dtype=attention.dtype, device=device)], 1)
+                in_batch, live, token = in_batch[keep], live[keep], token[keep]
+                attention, next_position = attention[keep], next_position[keep]
+            attention = torch.cat([attention, torch.ones((in_batch.numel(), 1), dtype=attention.dtype, device=device)], 1)
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
                         use_cache=True, **_cache_kwarg(model, cache))
             cache = _returned_cache(out)
