@@ -172,6 +172,16 @@ CREDIT_QUALITY = pa.schema(
 )
 
 
+# The judge's Monte Carlo reference, V(S_0..S_K) of one completion per row (NaN-free, K_i + 1
+# values), kept so that judging more methods on the same traces later does not sample it again.
+REFERENCE_VALUES = pa.schema(
+    _KEY
+    + [
+        _field("values", pa.list_(pa.float64())),
+    ]
+)
+
+
 @dataclass(frozen=True)
 class ArtifactSpec:
     name: str  # the artifact kind, also the key under cfg.inputs
@@ -190,6 +200,7 @@ ARTIFACTS: dict[str, ArtifactSpec] = {
         ArtifactSpec("eval", "eval.parquet", EVAL, "eval"),
         ArtifactSpec("train_metrics", "metrics.parquet", TRAIN_METRICS, "train"),
         ArtifactSpec("credit_quality", "credit_quality.parquet", CREDIT_QUALITY, "judge"),
+        ArtifactSpec("reference_values", "reference.parquet", REFERENCE_VALUES, "judge"),
     ]
 }
 

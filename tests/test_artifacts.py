@@ -64,6 +64,10 @@ ROWS = {
              first_error_chance=None, first_error_completions=0, advantage_std=None, seconds=2.0,
              seconds_vs_sample=None, forward_tokens=2**40, generated_tokens=1234, backward_tokens=0),
     ],
+    "reference_values": [
+        dict(prompt_id="chain/test/0", sample_idx=0, values=[0.5, 0.25, 0.0]),
+        dict(prompt_id="chain/test/0", sample_idx=1, values=[0.5, 1.0]),
+    ],
 }
 
 

@@ -273,6 +273,36 @@ def test_judge_is_deterministic_and_skips_when_up_to_date(judged, tmp_path):
     assert mc(other) != mc(run)
 
 
+def test_judge_keeps_the_reference_and_reuses_it(judged, tmp_path):
+    """Judging other methods on the same traces (another tag, another batch split) reads the kept
+    MC reference instead of sampling it again, and gives the same agreement numbers."""
+    run, _ = judged
+    kept = list((run / "mc-reference").glob("*.parquet"))
+    assert len(kept) == 1 and kept[0].with_suffix(".json").is_file()
+    first = json.loads((run / "judge" / "manifest.json").read_text())["extra"]["reference"]
+    assert first["reused"] is False and first["path"] == str(kept[0]) and first["generated_tokens"] > 0
+    values = artifacts.read_artifact("reference_values", kept[0]).to_pylist()
+    assert len(values) == 8 and all(0.0 <= v <= 1.0 for row in values for v in row["values"])
+
+    result = invoke("judge", f"run.dir={run}", *SMALL, "judge.methods=[grpo]", "judge.reference_k=2",
+                    "judge.reruns=2", "run.tag=more")
+    assert result.exit_code == 0, result.output
+    again = json.loads((run / "judge-more" / "manifest.json").read_text())["extra"]["reference"]
+    assert again["reused"] is True and again["generated_tokens"] == first["generated_tokens"]
+    grpo = lambda folder: [r for r in artifacts.read_artifact("credit_quality", run / folder / "credit_quality.parquet")
+                           .select(MEASURES_THAT_ARE_NOT_TIMES).to_pylist() if r["method"] == "grpo"]
+    assert grpo("judge-more") == grpo("judge")
+
+    # A kept reference that does not fit the segments is refused with the way out, not used.
+    broken = tmp_path / "broken"
+    for stage in ["sample", "segment", "mc-reference"]:
+        shutil.copytree(run / stage, broken / stage)
+    path = next((broken / "mc-reference").glob("*.parquet"))
+    artifacts.write_artifact("reference_values", [{**values[0], "values": values[0]["values"][:-1]}, *values[1:]], path)
+    result = invoke("judge", f"run.dir={broken}", *SMALL, "judge.methods=[grpo]", "judge.reference_k=2", "judge.reruns=2")
+    assert result.exit_code != 0 and "delete it to sample the reference again" in result.output
+
+
 def test_report_picks_up_the_judge_table(judged, tmp_path):
     import csv
 

@@ -9,6 +9,11 @@ localisation on step-checked benchmarks (with chance level), the spread of its t
 over the reruns, and its cost relative to the sample stage. Writes
 ``judge/credit_quality.parquet`` (``rredcot report`` shows it) and prints the table.
 
+The reference is kept in ``<run.dir>/mc-reference/<key>.parquet`` (the key covers the seed,
+model, sampling settings, ``judge.reference_k`` and the traces), so judging more methods on the
+same traces later (another ``run.tag``, another batch split) reads it instead of sampling it
+again; the manifest's ``reference.reused`` says which happened.
+
 Seeds: the reference samples with ``derive_seed(seed, "judge", "reference")``; rerun r of every
 method runs after ``seed_everything(derive_seed(seed, "judge", "rerun", r))`` with every method
 parameter named ``seed`` or ``*_seed`` set to that seed too. Same seed, same table (but seconds).
@@ -25,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli import artifacts, runs
 from rredcot_cli.config import ConfigError, check_method_ranges, config_file
-from rredcot_cli.errors import one_line
+from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.stages.common import (
     console,
     make_benchmark,
@@ -168,8 +173,13 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     # The sample stage's time, shared out over the batches by completions (for "x sample").
     batch_sample_seconds = [sample_seconds * len(b) / len(samples) if sample_seconds else None for b, _ in batches]
 
-    rows, reference = [], {"k": cfg.judge.reference_k, "seed": runs.derive_seed(cfg.seed, "judge", "reference"),
-                           "seconds": 0.0}
+    reference_path = reference_cache_path(cfg, inputs)
+    cached = read_reference(reference_path)
+    reference = (cached["stats"] if cached else
+                 {"k": cfg.judge.reference_k, "seed": runs.derive_seed(cfg.seed, "judge", "reference"), "seconds": 0.0})
+    reference.update(path=str(reference_path), reused=cached is not None)
+    computed: dict[tuple[str, int], list[float]] = {}
+    rows = []
     known_first_errors = 0
     started = time.perf_counter()
     with progress_bar("judge", total=len(batches) * (1 + len(names))) as advance:
@@ -181,17 +191,22 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 targets = first_error_segments(batch_samples, batch.segment_ids, benchmark,
                                                [problem_of(s) for s in batch_samples], policy.tokenizer)
                 known_first_errors += sum(t is not None for t in targets)
-            advance(0, info=f"{where}mc reference, K={cfg.judge.reference_k}")
-            ref_stats: dict[str, int] = {}
-            ref_started = time.perf_counter()
-            # Continuations depend on (seed, prefix) only, so one seed serves every batch.
-            ref_values = mc_reference_values(batch, policy, k=cfg.judge.reference_k,
-                                             max_new_tokens=cfg.sampling.max_new_tokens,
-                                             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-                                             seed=reference["seed"], stats=ref_stats)
-            reference["seconds"] += time.perf_counter() - ref_started
-            for key, value in ref_stats.items():
-                reference[key] = reference.get(key, 0) + value
+            if cached:
+                ref_values = reference_rows(cached["values"], batch_samples, batch.num_segments, reference_path)
+            else:
+                advance(0, info=f"{where}mc reference, K={cfg.judge.reference_k}")
+                ref_stats: dict[str, int] = {}
+                ref_started = time.perf_counter()
+                # Continuations depend on (seed, prefix) only, so one seed serves every batch.
+                ref_values = mc_reference_values(batch, policy, k=cfg.judge.reference_k,
+                                                 max_new_tokens=cfg.sampling.max_new_tokens,
+                                                 temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                                 seed=reference["seed"], stats=ref_stats)
+                reference["seconds"] += time.perf_counter() - ref_started
+                for key, value in ref_stats.items():
+                    reference[key] = reference.get(key, 0) + value
+                for sample, values, count in zip(batch_samples, ref_values, batch.num_segments.tolist()):
+                    computed[(sample["prompt_id"], int(sample["sample_idx"]))] = values[: count + 1].tolist()
             advance(1)
             for name in names:
                 advance(0, info=f"{where}{name}")
@@ -204,6 +219,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 rows.append({**row, "batch": index})
                 advance(1)
     seconds = time.perf_counter() - started
+    if not cached:
+        write_reference(reference_path, computed, reference)
 
     path = artifacts.write_artifact("credit_quality", rows, out.dir / "credit_quality.parquet")
     out.finish({"credit_quality": path}, extra={
@@ -219,6 +236,58 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     else:
         print_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
     console.print(f"judged {len(names)} methods x {cfg.judge.reruns} reruns in {seconds:.1f}s -> [bold]{path}[/bold]")
+
+
+def reference_cache_path(cfg: DictConfig, inputs: dict[str, Path]) -> Path:
+    """Where the MC reference of these traces is kept: ``<run.dir>/mc-reference/<key>.parquet``,
+    the key covering what the continuations depend on (seed, model, sampling settings,
+    ``judge.reference_k``, and the samples and segments files). Any judge run on the same traces
+    (other methods, tags, batch splits) then reuses it instead of sampling it again."""
+    import hashlib
+
+    from rredcot_cli.config import config_hash
+
+    digest = hashlib.sha256(config_hash(cfg, ["seed", "model", "sampling"]).encode())
+    digest.update(f"\0k={cfg.judge.reference_k}".encode())
+    for name in sorted(inputs):
+        digest.update(f"\0{name}\0{runs.sha256_file(inputs[name])}".encode())
+    return Path(cfg.run.dir) / "mc-reference" / f"{digest.hexdigest()[:12]}.parquet"
+
+
+def read_reference(path: Path) -> dict[str, Any] | None:
+    """The kept reference at ``path`` ({"values": {(prompt_id, sample_idx): [V(S_0..S_K)]}, "stats":
+    what computing it cost}), or None when there is none (or only half of one)."""
+    stats_path = path.with_suffix(".json")
+    if not (path.is_file() and stats_path.is_file()):
+        return None
+    table = artifacts.read_artifact("reference_values", path).to_pydict()
+    values = {(p, i): v for p, i, v in zip(table["prompt_id"], table["sample_idx"], table["values"])}
+    return {"values": values, "stats": json.loads(stats_path.read_text())}
+
+
+def write_reference(path: Path, values: dict[tuple[str, int], list[float]], stats: dict[str, Any]) -> None:
+    """Keep a computed reference: the values, then the cost record (whose presence marks it whole)."""
+    rows = [{"prompt_id": p, "sample_idx": i, "values": v} for (p, i), v in values.items()]
+    artifacts.write_artifact("reference_values", rows, path)
+    kept = {k: v for k, v in stats.items() if k not in ("path", "reused")}
+    with runs.atomic_path(path.with_suffix(".json")) as tmp:
+        Path(tmp).write_text(json.dumps(kept, indent=2) + "\n")
+
+
+def reference_rows(values: dict[tuple[str, int], list[float]], samples: list[dict], num_segments, path: Path):
+    """(B, S+1) reference of one batch from a kept reference, NaN past each K_i (as
+    ``mc_reference_values`` returns it)."""
+    import torch
+
+    counts = num_segments.tolist()
+    out = torch.full((len(samples), max(counts, default=0) + 1), float("nan"))
+    for row, (sample, count) in enumerate(zip(samples, counts)):
+        kept = values.get((sample["prompt_id"], int(sample["sample_idx"])))
+        if kept is None or len(kept) != count + 1:
+            raise ArtifactError(f"{path} does not match the saved segments of {sample['prompt_id']} "
+                                          f"#{sample['sample_idx']}; delete it to sample the reference again")
+        out[row, : count + 1] = torch.tensor(kept)
+    return out
 
 
 def judge_method(name: str, params: dict[str, Any], samples: list[dict], segments: list[dict],
