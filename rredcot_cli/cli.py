@@ -258,12 +258,15 @@ def report(
     skip_unfinished: Annotated[bool, typer.Option(
         "--skip-unfinished", help="Leave out run dirs whose train stage did not finish (named in one line) "
         "instead of failing, e.g. over a sweep with cells still running or failed.")] = False,
+    baseline: Annotated[Optional[str], typer.Option(
+        "--baseline", help="Group label to pair every other group against, seed by seed (default: grpo "
+        "when a group has that label).", show_default=False)] = None,
 ) -> None:
     """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
     with _one_line_errors():
         from rredcot_cli.stages import report as report_stage
 
-        report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished)
+        report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished, baseline=baseline)
 
 
 def main() -> None:

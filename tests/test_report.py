@@ -182,6 +182,40 @@ def test_intervals_are_student_t_over_seeds(tmp_path):
     assert md_row in (out / "report.md").read_text()
 
 
+def test_paired_differences_and_sample_efficiency_against_grpo(tmp_path):
+    """rredcot vs grpo, seed by seed: final pass@1 0.8 vs 0.6 (seed 0) and 0.7 vs 0.6 (seed 1) ->
+    differences 0.2 and 0.1: mean 0.15, sd 0.0707, half-width t(0.975, 1) * 0.0707 / sqrt(2) =
+    12.706 * 0.05. grpo's mean final pass@1 is 0.6: rredcot seed 0 reaches it at step 2 (10
+    tokens per step -> 20), seed 1 at step 4 (40); both grpo seeds at step 4."""
+    runs = [write_run(tmp_path / "g0", "grpo", 0, {0: 0.4, 2: 0.5, 4: 0.6}, EVAL_ROWS),
+            write_run(tmp_path / "g1", "grpo", 1, {0: 0.4, 2: 0.55, 4: 0.6}, EVAL_ROWS),
+            write_run(tmp_path / "r0", "rredcot", 0, {0: 0.4, 2: 0.6, 4: 0.8}, EVAL_ROWS),
+            write_run(tmp_path / "r1", "rredcot", 1, {0: 0.4, 2: 0.5, 4: 0.7}, EVAL_ROWS),
+            write_run(tmp_path / "l2", "rloo", 2, {0: 0.4, 2: 0.5, 4: 0.5}, EVAL_ROWS)]
+    report = build_report(runs)
+    assert report.baseline == "grpo"
+    paired = {row.label: row for row in report.paired}
+    rredcot = paired["rredcot"]
+    assert rredcot.seeds == [0, 1] and rredcot.target == pytest.approx(0.6)
+    assert rredcot.difference.mean == pytest.approx(0.15)
+    assert rredcot.difference.half_width() == pytest.approx(T_975_DF1 * 0.05, rel=1e-6)
+    assert rredcot.reached == 2 and rredcot.steps_to_target.mean == pytest.approx(3.0)
+    assert rredcot.tokens_to_target.mean == pytest.approx(30.0)
+    assert paired["grpo"].reached == 2 and paired["grpo"].steps_to_target.mean == pytest.approx(4.0)
+    rloo = paired["rloo"]  # no seed in common with grpo, never reaches 0.6
+    assert rloo.seeds == [] and rloo.reached == 0 and rloo.steps_to_target is None
+    out = tmp_path / "out"
+    assert invoke("report", *runs, "--out", out).exit_code == 0
+    md = (out / "report.md").read_text()
+    assert "## Paired against grpo" in md
+    assert f"| rredcot | 0, 1 | +0.150 [{0.15 - T_975_DF1 * 0.05:+.3f}, {0.15 + T_975_DF1 * 0.05:+.3f}] |" in md
+    assert "| rloo |  | no common seed | — | 0/1 | — | — |" in md
+    # Another baseline by label; an unknown one is refused with the labels there are.
+    assert {row.label for row in build_report(runs, baseline="rloo").paired} == {"grpo", "rloo", "rredcot"}
+    bad = invoke("report", *runs, "--out", out, "--baseline", "ppo")
+    assert bad.exit_code != 0 and "groups: grpo, rloo, rredcot" in bad.output
+
+
 def test_single_seed_has_no_interval(tmp_path):
     a = write_run(tmp_path / "a", "grpo", 0, {0: 0.4, 2: 0.6}, EVAL_ROWS)
     out = tmp_path / "out"

@@ -89,6 +89,9 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     assert sha256_file(killed / final) == sha256_file(whole / final)
     summary = {run: json.loads((run / "train" / "summary.json").read_text()) for run in (whole, killed)}
     assert summary[killed]["eval_after"] == summary[whole]["eval_after"]
+    # CPU time adds up over the two attempts as wall time does (both positive, neither reset).
+    for run in (whole, killed):
+        assert 0 < summary[run]["cpu_seconds"] and 0 < summary[run]["seconds"]
     manifest = json.loads((killed / "train" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and len(manifest["resumed"]) == 1
     assert manifest["extra"]["resumed_from_step"] == resumed_from

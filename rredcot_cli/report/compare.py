@@ -64,6 +64,7 @@ class RunResult:
     summary: dict[str, Any]  # summary.json
     curve: dict[int, float]  # step -> held-out pass@1 (0 = before training)
     by_length: dict[int, float]  # chain length -> final held-out accuracy (samples pooled)
+    tokens_at: dict[int, int] = field(default_factory=dict)  # step -> generated tokens so far (0 -> 0)
     credit_quality: list[tuple[str, Any]] = field(default_factory=list)  # (file relative to path, pyarrow table)
     attribute_seconds: dict[str, float] = field(default_factory=dict)  # attribute folder -> seconds
     sample_seconds: float | None = None
@@ -124,6 +125,22 @@ class Report:
     credit_quality_columns: dict[str, tuple[list[str], list[str]]]  # source -> (key columns, measures)
     attribute_costs: list[dict[str, Any]]
     skipped: list[Path] = field(default_factory=list)  # run dirs left out: train did not finish
+    baseline: str | None = None  # the group the paired section compares against
+    paired: list["PairedRow"] = field(default_factory=list)
+
+
+@dataclass
+class PairedRow:
+    """One group against the baseline group, over the seeds both have (see ``paired_summary``)."""
+
+    label: str
+    seeds: list[int]
+    difference: Stat  # final pass@1 minus the baseline's, same seed
+    target: float  # the baseline's mean final pass@1
+    reached: int  # runs whose held-out pass@1 reached ``target`` at some eval
+    runs: int
+    steps_to_target: Stat | None  # over the runs that reached it
+    tokens_to_target: Stat | None
 
 
 # --------------------------------------------------------------------------- loading
@@ -210,9 +227,11 @@ def load_run(path: str | Path) -> RunResult:
     curve.setdefault(int(summary.get("steps", max(curve))), float(summary["eval_after"]["pass@1"]))
     by_length = {int(k): v["accuracy"] for k, v in accuracy_by_bucket(eval_rows, key="steps").items()}
 
+    tokens_at = {0: 0, **{int(row["step"]): int(row["tokens"]) for row in metrics}}
     result = RunResult(
         path=run_dir, train_dir=train, method=str(summary.get("method") or config["method"]["name"]),
         seed=int(config.get("seed", 0)), config=config, summary=summary, curve=curve, by_length=by_length,
+        tokens_at=tokens_at,
     )
     result.credit_quality = _credit_quality_tables(run_dir)
     result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
@@ -466,9 +485,46 @@ def attribute_cost_summary(groups: Sequence[GroupSummary]) -> list[dict[str, Any
     return rows
 
 
-def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False) -> Report:
+def _first_reach(run: RunResult, target: float) -> int | None:
+    """The first evaluated step (0 = before training) whose held-out pass@1 is >= ``target``."""
+    return next((step for step in sorted(run.curve) if run.curve[step] >= target - 1e-12), None)
+
+
+def paired_summary(groups: Sequence[GroupSummary], baseline: str) -> list[PairedRow]:
+    """Every group (the baseline included, as its own yardstick) against ``baseline``: the
+    difference in final pass@1 over the seeds both groups ran (mean and interval of the per-seed
+    differences; the interval's half-width is the smallest difference this design resolves), and
+    sample efficiency: the policy updates and generated tokens a run needed to reach the
+    baseline's mean final pass@1, at the resolution of its held-out evals."""
+    base = next(g for g in groups if g.label == baseline)
+    target = base.pass1.mean
+    by_seed = {r.seed: r for r in base.runs}
+    out = []
+    for g in groups:
+        mine = {r.seed: r for r in g.runs}
+        seeds = sorted(set(mine) & set(by_seed))
+        diffs = [mine[s].summary["eval_after"]["pass@1"] - by_seed[s].summary["eval_after"]["pass@1"] for s in seeds]
+        reach = [(r, _first_reach(r, target)) for r in g.runs]
+        reach = [(r, step) for r, step in reach if step is not None]
+        steps = [step for _, step in reach]
+        tokens = [r.tokens_at[step] for r, step in reach if step in r.tokens_at]
+        out.append(PairedRow(
+            label=g.label, seeds=seeds, difference=Stat.of(diffs) if diffs else Stat(math.nan, math.nan, math.nan, 0),
+            target=target, reached=len(reach), runs=len(g.runs),
+            steps_to_target=Stat.of(steps) if steps else None,
+            tokens_to_target=Stat.of(tokens) if len(tokens) == len(steps) and tokens else None))
+    return out
+
+
+def default_baseline(groups: Sequence[GroupSummary]) -> str | None:
+    """``grpo`` when a group has that label (GRPO with nothing changed), else none."""
+    return "grpo" if any(g.label == "grpo" for g in groups) else None
+
+
+def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False, baseline: str | None = None) -> Report:
     """Load, group and aggregate the runs at ``paths`` (``skip_unfinished``: leave out run dirs
-    whose train stage did not finish, listed in ``Report.skipped``)."""
+    whose train stage did not finish, listed in ``Report.skipped``). ``baseline``: the group label
+    the paired section compares against (default: ``grpo`` when present)."""
     skipped: list[Path] = []
     results = load_runs(paths, skip_unfinished=skip_unfinished, skipped=skipped)
     assign_labels(results)
@@ -477,9 +533,15 @@ def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False) -> 
         grouped.setdefault(r.label, []).append(r)
     groups = [summarize_group(label, grouped[label]) for label in sorted(grouped)]
     quality, quality_columns = credit_quality_summary(groups)
+    if baseline is None:
+        baseline = default_baseline(groups)
+    elif baseline not in grouped:
+        raise RunError(f"--baseline {baseline!r} is not a group of these runs; groups: "
+                       f"{', '.join(g.label for g in groups)}")
     return Report(runs=results, groups=groups, benchmark=results[0].config.get("benchmark", {}),
                   credit_quality=quality, credit_quality_columns=quality_columns,
-                  attribute_costs=attribute_cost_summary(groups), skipped=skipped)
+                  attribute_costs=attribute_cost_summary(groups), skipped=skipped, baseline=baseline,
+                  paired=paired_summary(groups, baseline) if baseline is not None and len(groups) > 1 else [])
 
 
 # --------------------------------------------------------------------------- tables
@@ -537,6 +599,10 @@ def render_markdown(report: Report) -> str:
         "maj@k is majority voting over the first k samples. Δ pass@1 is after minus before training, per run. "
         "Wall seconds and generated tokens cover the whole `rredcot train` run (held-out evals included "
         "in the seconds, training rollouts only in the tokens).",
+    ]
+    if report.paired:
+        parts += [f"## Paired against {report.baseline}", _paired_markdown(report)]
+    parts += [
         "## Held-out accuracy vs policy updates",
         "![held-out pass@1 vs step](accuracy_vs_step.png)",
     ]
@@ -569,6 +635,30 @@ def render_markdown(report: Report) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _paired_markdown(report: Report) -> str:
+    target = report.paired[0].target
+    rows = []
+    for row in report.paired:
+        is_base = row.label == report.baseline
+        diff = "—" if is_base else (f"{row.difference.mean:+.3f} [{row.difference.low:+.3f}, {row.difference.high:+.3f}]"
+                                    if not math.isnan(row.difference.low) else
+                                    (f"{row.difference.mean:+.3f}" if row.difference.n else "no common seed"))
+        resolves = "—" if is_base or math.isnan(row.difference.low) else f"± {row.difference.half_width():.3f}"
+        rows.append([row.label, ", ".join(map(str, row.seeds)), diff, resolves, f"{row.reached}/{row.runs}",
+                     row.steps_to_target.text(1) if row.steps_to_target else "—",
+                     row.tokens_to_target.text(0) if row.tokens_to_target else "—"])
+    return "\n\n".join([
+        _md_table(["method", "seeds", f"Δ final pass@1 vs {report.baseline} (same seed)", "resolves",
+                   f"reached {target:.3f}", "policy updates to reach it", "generated tokens to reach it"], rows),
+        f"Δ is the mean of the per-seed differences with its {CONFIDENCE:.0%} Student-t interval; \"resolves\" is "
+        "that interval's half-width, the smallest difference this many paired seeds can tell from zero. "
+        f"Sample efficiency: the first held-out eval at which a run's pass@1 reached {report.baseline}'s mean "
+        f"final pass@1 ({target:.3f}), in policy updates (steps) and generated training tokens up to that step, "
+        "over the runs that reached it; its resolution is the eval interval (`train.eval_every`). "
+        f"The {report.baseline} row is the baseline measured against its own mean.",
+    ])
+
+
 def _credit_quality_markdown(report: Report) -> str:
     if not report.credit_quality:
         return ("No credit-quality results in these run dirs (looked for `credit_quality.parquet` and "
@@ -590,8 +680,14 @@ def _cost_markdown(report: Report) -> str:
         per_step = Stat.of([float(r.summary.get("seconds", math.nan)) / s for r, s in zip(g.runs, steps)])
         tokens_per_s = Stat.of([float(r.summary.get("generated_tokens", math.nan)) / float(r.summary.get("seconds", math.nan))
                                 for r in g.runs])
-        rows.append([g.label, g.seconds.text(0), per_step.text(2), g.generated_tokens.text(0), tokens_per_s.text(0)])
-    parts = [_md_table(["method", "wall s", "s per step", "generated tokens", "generated tokens per wall s"], rows)]
+        cpu = [float(r.summary["cpu_seconds"]) for r in g.runs if "cpu_seconds" in r.summary]
+        cpu_text = Stat.of(cpu).text(0) if len(cpu) == len(g.runs) else "—"
+        rows.append([g.label, g.seconds.text(0), cpu_text, per_step.text(2), g.generated_tokens.text(0),
+                     tokens_per_s.text(0)])
+    parts = [_md_table(["method", "wall s", "CPU s", "s per step", "generated tokens", "generated tokens per wall s"],
+                       rows)]
+    parts.append("CPU s: the train process's CPU time, every thread (an in-process vLLM engine included); "
+                 "— for runs written before it was recorded.")
     if report.attribute_costs:
         parts.append("`rredcot attribute` on the saved traces of these run dirs:")
         parts.append(_md_table(["method (run group)", "attribute folder", "seconds", "× sample stage seconds"],

@@ -20,14 +20,16 @@ from rich.table import Table
 DEFAULT_OUT = Path("runs/report")
 
 
-def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfinished: bool = False) -> list[Path]:
+def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfinished: bool = False,
+        baseline: str | None = None) -> list[Path]:
     """Build the report over ``run_dirs``, write it into ``out`` and print its table; returns the files.
 
     ``skip_unfinished``: leave out run dirs whose train stage did not finish (named in one line on
-    stderr and at the end of report.md) instead of failing."""
+    stderr and at the end of report.md) instead of failing. ``baseline``: the group the paired
+    section compares against (default ``grpo`` when present)."""
     from rredcot_cli.report.compare import build_report, summary_rows, write_report
 
-    report = build_report(run_dirs, skip_unfinished=skip_unfinished)
+    report = build_report(run_dirs, skip_unfinished=skip_unfinished, baseline=baseline)
     if report.skipped:
         Console(stderr=True, soft_wrap=True).print(
             f"skipping {len(report.skipped)} unfinished run dir(s) (train did not finish): "

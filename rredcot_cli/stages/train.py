@@ -187,7 +187,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                             map_chunks=parallel.map_chunks)
 
     clock = steptime.StepClock()  # seconds per phase of each step, in the metrics row
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     metrics_path = out.dir / "metrics.parquet"
     trackers = _open_trackers(trackers_chosen, cfg, out) if parallel.is_main else tracking.Trackers([])
     if state is None:
@@ -285,8 +285,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             if t.save_every and step % t.save_every == 0 and step != t.steps:
                 progress.update(step=step, cursor=cursor, tokens_seen=tokens_seen, nonfinite_streak=streak,
                                 skipped_updates=skipped_total,
-                                seconds=progress["seconds"] + time.perf_counter() - started)
-                started = time.perf_counter()
+                                seconds=progress["seconds"] + time.perf_counter() - started,
+                                cpu_seconds=progress.get("cpu_seconds", 0.0) + time.process_time() - cpu_started)
+                started, cpu_started = time.perf_counter(), time.process_time()
                 _save_state(checkpoints / f"step-{step:06d}", trained, plain, parallel, tokenizer, optimizer,
                             scheduler, generator, critic, stepper, progress, out.manifest["config_hash"])
                 if parallel.is_main:
@@ -298,6 +299,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         _save_checkpoint(plain, tokenizer, final_dir, critic, dtype_of(cfg.model.dtype))
     eval_rows_after, eval_after = held_out_eval(t.steps)
     seconds = progress["seconds"] + time.perf_counter() - started
+    # CPU time of this process's threads (an in-process vLLM engine included; a process of its own,
+    # as on GPUs, is not): with several threads busy it exceeds the wall time.
+    cpu_seconds = progress.get("cpu_seconds", 0.0) + time.process_time() - cpu_started
     if not parallel.is_main:  # rank 0 writes every artifact
         parallel.barrier()
         parallel.close()
@@ -305,7 +309,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     trackers.close()
     artifacts.write_artifact("train_metrics", history, metrics_path)
     eval_path = artifacts.write_artifact("eval", eval_rows_after, out.dir / "eval.parquet")
-    summary = {"method": spec.name, "steps": t.steps, "seconds": seconds, "generated_tokens": tokens_seen,
+    summary = {"method": spec.name, "steps": t.steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
+               "generated_tokens": tokens_seen,
                "skipped_updates": skipped_total, "eval_before": eval_before, "eval_after": eval_after,
                "checkpoint": str(final_dir), "tracking": _tracking_record(trackers_chosen, out),
                "saved_rollouts": train_rollouts.saved_steps(out.dir)}
