@@ -238,6 +238,29 @@ def test_continuations_same_with_transformers_cache(policy, monkeypatch):
     assert len({len(c) for cs in growing for c in cs}) > 1  # rows finished at different steps
 
 
+def test_continuations_keep_each_prefix_budget_and_mc_gives_what_is_left(policy):
+    """Per-prefix budgets cap each prefix's continuations without changing another prefix's; mc
+    continues a completion prefix of o tokens with max_new_tokens - o, so no completion it scores
+    is longer than the sampler's budget."""
+    from rredcot_cli.values.mc import mc_rewards, sample_continuations
+
+    tok = policy.tokenizer
+    prefixes = [tok("Compute mod 10: 3 +4 *2 -1 +5\n", add_special_tokens=False)["input_ids"],
+                tok("Compute mod 10: 7 -1 +9 *3 -2\n7-1=6\n", add_special_tokens=False)["input_ids"]]
+    kwargs = dict(k=4, temperature=1.0, top_p=1.0, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, seed=5)
+    capped = sample_continuations(policy.model, prefixes, max_new_tokens=[3, 40], **kwargs)
+    assert all(len(c) <= 3 for c in capped[0]) and any(len(c) == 3 for c in capped[0])
+    assert capped[1] == sample_continuations(policy.model, prefixes[1:], max_new_tokens=40, **kwargs)[0]
+    with pytest.raises(ValueError, match="one budget"):
+        sample_continuations(policy.model, prefixes, max_new_tokens=[3], **kwargs)
+
+    completion = tok("3+4=7\n7*2=4\n4-1=3\n", add_special_tokens=False)["input_ids"]
+    scored = []
+    mc_rewards(policy.model, [prefixes[0]], [completion], [[0, 6, 12]],
+               lambda i, ids: scored.append(len(ids)) or 0.0, max_new_tokens=20, **kwargs)
+    assert len(scored) == 12 and max(scored) <= 20
+
+
 def test_mc_greedy_values_are_the_verified_greedy_continuation(traces, policy):
     """Temperature 0: every continuation is the greedy one, so V(S_k) in {0, 1} is exactly the
     verifier's verdict on prefix + greedy continuation, and V(S_K) is the reward."""

@@ -248,7 +248,9 @@ def reference_cache_path(cfg: DictConfig, inputs: dict[str, Path]) -> Path:
     from rredcot_cli.config import config_hash
 
     digest = hashlib.sha256(config_hash(cfg, ["seed", "model", "sampling"]).encode())
-    digest.update(f"\0k={cfg.judge.reference_k}".encode())
+    # The definition's version: a reference kept before a change of what it estimates is not reused
+    # (2: continuations get the completion budget left after their prefix, values/mc.py mc_rewards).
+    digest.update(f"\0v2\0k={cfg.judge.reference_k}".encode())
     for name in sorted(inputs):
         digest.update(f"\0{name}\0{runs.sha256_file(inputs[name])}".encode())
     return Path(cfg.run.dir) / "mc-reference" / f"{digest.hexdigest()[:12]}.parquet"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -76,7 +76,7 @@ def sample_continuations(
     prefixes: list[list[int]],
     *,
     k: int,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     temperature: float,
     top_p: float,
     eos_ids: list[int],
@@ -90,11 +90,15 @@ def sample_continuations(
 
     prefixes[j]: token ids (prompt + completion prefix), at least one token. Returns, per prefix,
     k token lists; a continuation that sampled an EOS ends with it, one that did not has
-    ``max_new_tokens`` tokens. temperature 0 = greedy (all k rows identical).
+    ``max_new_tokens`` tokens (one budget for every prefix, or one per prefix, each >= 1).
+    temperature 0 = greedy (all k rows identical).
     ``stats``: ``prefill_tokens`` (prefix positions encoded, padding included),
     ``generated_tokens`` (decode steps x rows still running), ``continuations``.
     """
     results: list[list[list[int]] | None] = [None] * len(prefixes)
+    budgets = [max_new_tokens] * len(prefixes) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != len(prefixes) or min(budgets, default=1) < 1:
+        raise ValueError("max_new_tokens: one budget >= 1, or one per prefix")
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
     # Similar lengths share a chunk (less padding).
     order = sorted(range(len(prefixes)), key=lambda j: len(prefixes[j]))
@@ -102,6 +106,7 @@ def sample_continuations(
     for start in range(0, len(order), per_chunk):
         chunk = order[start : start + per_chunk]
         width = max(len(prefixes[j]) for j in chunk)
+        longest = max(budgets[j] for j in chunk)
         input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         attention = torch.zeros((len(chunk), width), dtype=torch.long)
         for r, j in enumerate(chunk):
@@ -113,12 +118,13 @@ def sample_continuations(
         # Left padding: positions count real tokens only, as in HF generate.
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **_cache_kwarg(model, _empty_cache(model, width + max_new_tokens)))
+                    logits_to_keep=1, **_cache_kwarg(model, _empty_cache(model, width + longest)))
         cache = _returned_cache(out)
         cache.batch_repeat_interleave(k)
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)
         attention = attention.repeat_interleave(k, dim=0)
         next_position = positions[:, -1].repeat_interleave(k) + 1
+        row_budget = torch.tensor([budgets[j] for j in chunk], device=device).repeat_interleave(k)
         generators = []
         for j in chunk:
             g = torch.Generator(device=device)
@@ -129,10 +135,10 @@ def sample_continuations(
         # so a chunk costs about the tokens actually generated, not rows x the longest continuation.
         in_batch = torch.arange(rows, device=device)  # original row index of each batch row
         live = torch.ones(rows, dtype=torch.bool, device=device)  # not finished, per batch row
-        sampled = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        sampled = torch.full((rows, longest), pad_id, dtype=torch.long, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         generated = 0
-        for step in range(max_new_tokens):
+        for step in range(longest):
             if temperature > 0:
                 logp = warp_logits(logits, temperature, top_p)
                 # Gumbel-max sampling, argmax(log p + G) ~ p, with noise from the prefix's own
@@ -151,8 +157,8 @@ def sample_continuations(
             sampled[in_batch[live], step] = token[live]
             lengths[in_batch[live]] = step + 1
             generated += int(live.sum())
-            live = live & ~torch.isin(token, eos)
-            if not bool(live.any()) or step == max_new_tokens - 1:
+            live = live & ~torch.isin(token, eos) & (row_budget[in_batch] > step + 1)
+            if not bool(live.any()):
                 break
             if 4 * int((~live).sum()) >= live.numel():
                 keep = live.nonzero()[:, 0]
@@ -200,6 +206,13 @@ def mc_rewards(
     against trace i's problem (None = unscorable, counted as 0, as sampling does). Prefixes with
     the same (prompt, completion prefix) are sampled once and verified with the first trace that
     has them. Returns per trace a float32 tensor (len(offsets[i]), k).
+
+    ``max_new_tokens`` is the completion budget the traces were sampled with: a continuation after
+    offset o gets what is left of it, ``max_new_tokens - o`` tokens (at least 1), so V(S_k) is the
+    chance of a correct answer under the truncation the sampled completion itself had. (Giving
+    every continuation the whole budget again let a few rambling continuations from late
+    prefixes run to ~2x the sampled length: the cost of a 668-token judge batch, and values no
+    completion of the sampler could have.)
     """
     keys: dict[tuple[int, ...], int] = {}
     unique: list[list[int]] = []
@@ -218,7 +231,8 @@ def mc_rewards(
                 owner.append((i, o))
             row.append(keys[key])
         slots.append(row)
-    conts = sample_continuations(model, unique, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+    budgets = [max(1, max_new_tokens - o) for _, o in owner]
+    conts = sample_continuations(model, unique, k=k, max_new_tokens=budgets, temperature=temperature,
                                  top_p=top_p, eos_ids=eos_ids, pad_id=pad_id, seed=seed, device=device,
                                  rows_per_forward=rows_per_forward, stats=stats)
     rewards = torch.zeros(len(unique), k)
