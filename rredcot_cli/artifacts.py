@@ -141,6 +141,8 @@ TRAIN_METRICS = pa.schema(
         # and the positions the credit method ran through the model for value estimation
         *(_added_field(f"seconds_{phase}", pa.float32()) for phase in PHASES),
         _added_field("credit_forward_tokens", pa.int64()),
+        # std of the token advantages over the step's completion tokens: how spread the signal is
+        _added_field("advantage_std", pa.float32()),
     ]
 )
 

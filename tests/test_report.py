@@ -214,6 +214,20 @@ def test_paired_differences_and_sample_efficiency_against_grpo(tmp_path):
     assert {row.label for row in build_report(runs, baseline="rloo").paired} == {"grpo", "rloo", "rredcot"}
     bad = invoke("report", *runs, "--out", out, "--baseline", "ppo")
     assert bad.exit_code != 0 and "groups: grpo, rloo, rredcot" in bad.output
+    assert "## Advantages" not in md  # these runs predate the column
+
+
+def test_advantage_spread_section(tmp_path):
+    from rredcot_cli import artifacts
+
+    runs = [write_run(tmp_path / f"g{seed}", "grpo", seed, {0: 0.4, 2: 0.6}, EVAL_ROWS) for seed in (0, 1)]
+    for run, stds in zip(runs, ([0.5, 1.5], [1.0, 2.0])):  # run means 1.0 and 1.5 -> 1.25
+        path = run / "train" / "metrics.parquet"
+        rows = artifacts.read_artifact("train_metrics", path).to_pylist()
+        artifacts.write_artifact("train_metrics", [{**r, "advantage_std": v} for r, v in zip(rows, stds)], path)
+    out = tmp_path / "out"
+    assert invoke("report", *runs, "--out", out).exit_code == 0
+    assert f"| grpo | 1.250 ± {T_975_DF1 * 0.25:.3f} |" in (out / "report.md").read_text()
 
 
 def test_single_seed_has_no_interval(tmp_path):

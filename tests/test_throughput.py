@@ -31,6 +31,7 @@ def test_resumed_history_gets_the_phase_columns():
     old = [{"step": 1, "seconds": 2.0}]
     rows = _with_phase_columns(old)
     assert rows[0]["seconds_sampling"] is None and rows[0]["credit_forward_tokens"] is None
+    assert rows[0]["advantage_std"] is None
     assert rows[0]["seconds"] == 2.0
 
 
@@ -285,3 +286,15 @@ def test_compacting_decode_gives_the_tokens_generate_gives():
         for a, b in zip(runs[False], runs[True]):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_advantage_std_is_over_completion_tokens_only():
+    """advantages [[1, 3, 9], [2, 9, 9]] with the 9s on padding: std of {1, 3, 2} = 1 (n-1)."""
+    import torch
+
+    from rredcot_cli.stages.train import _advantage_std
+
+    advantages = torch.tensor([[1.0, 3.0, 9.0], [2.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert _advantage_std(advantages, mask) == pytest.approx(1.0)
+    assert _advantage_std(advantages, torch.tensor([[1, 0, 0], [0, 0, 0]])) is None

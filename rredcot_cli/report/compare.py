@@ -65,6 +65,7 @@ class RunResult:
     curve: dict[int, float]  # step -> held-out pass@1 (0 = before training)
     by_length: dict[int, float]  # chain length -> final held-out accuracy (samples pooled)
     tokens_at: dict[int, int] = field(default_factory=dict)  # step -> generated tokens so far (0 -> 0)
+    advantage_std: float | None = None  # mean over steps of the token-advantage std (None: not recorded)
     credit_quality: list[tuple[str, Any]] = field(default_factory=list)  # (file relative to path, pyarrow table)
     attribute_seconds: dict[str, float] = field(default_factory=dict)  # attribute folder -> seconds
     sample_seconds: float | None = None
@@ -231,11 +232,16 @@ def load_run(path: str | Path) -> RunResult:
     result = RunResult(
         path=run_dir, train_dir=train, method=str(summary.get("method") or config["method"]["name"]),
         seed=int(config.get("seed", 0)), config=config, summary=summary, curve=curve, by_length=by_length,
-        tokens_at=tokens_at,
+        tokens_at=tokens_at, advantage_std=_mean_or_none([row.get("advantage_std") for row in metrics]),
     )
     result.credit_quality = _credit_quality_tables(run_dir)
     result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
     return result
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def _credit_quality_tables(run_dir: Path) -> list[tuple[str, Any]]:
@@ -621,6 +627,8 @@ def render_markdown(report: Report) -> str:
                      "then mean and interval over seeds.")
     else:
         parts.append("The eval rows have no chain length (`steps`), so there is no breakdown by length.")
+    if any(r.advantage_std is not None for r in report.runs):
+        parts += ["## Advantages", _advantages_markdown(report)]
     parts += ["## Credit quality", _credit_quality_markdown(report)]
     parts += ["## Cost", _cost_markdown(report)]
     parts += ["## Runs", _md_table(
@@ -633,6 +641,19 @@ def render_markdown(report: Report) -> str:
         parts.append(f"Left out (`--skip-unfinished`; their train stage did not finish): "
                      f"{', '.join(f'`{p}`' for p in report.skipped)}.")
     return "\n\n".join(parts) + "\n"
+
+
+def _advantages_markdown(report: Report) -> str:
+    rows = []
+    for g in report.groups:
+        values = [r.advantage_std for r in g.runs if r.advantage_std is not None]
+        rows.append([g.label, Stat.of(values).text() if len(values) == len(g.runs) else "—"])
+    return "\n\n".join([
+        _md_table(["method", "token advantage std"], rows),
+        "Per step, the standard deviation of the token advantages over the batch's completion tokens; "
+        "its mean over the run's steps, then over seeds (— where a run predates the column). How "
+        "spread the update's signal is, not how right it is (credit quality measures that).",
+    ])
 
 
 def _paired_markdown(report: Report) -> str:

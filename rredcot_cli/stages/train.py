@@ -262,6 +262,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 "overflow_skipped": stats.overflow_skipped if stats is not _NO_UPDATE else None,
                 **clock.columns(),
                 "credit_forward_tokens": _value_forward_tokens(batch) if samples else None,
+                "advantage_std": _advantage_std(credit.token_advantages, batch.token_mask) if samples else None,
             }
             if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                 with clock.phase("eval"):
@@ -345,6 +346,12 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
     return hashed
 
 
+def _advantage_std(advantages: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """Std of the (B, T) token advantages over the completion tokens of ``mask`` (None without two)."""
+    values = advantages[mask.bool()].double()
+    return float(values.std()) if values.numel() > 1 else None
+
+
 def _value_forward_tokens(batch) -> int | None:
     """Positions the credit method ran through the model for value estimation this step (this
     rank's share under torchrun); None for methods that report none."""
@@ -355,7 +362,7 @@ def _value_forward_tokens(batch) -> int | None:
 def _with_phase_columns(history: list[dict]) -> list[dict]:
     """Metrics rows of a resumed run, with the per-phase columns (null) that rows written before
     they existed lack, so every row has the same columns."""
-    names = [*steptime.StepClock().columns(), "credit_forward_tokens"]
+    names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std"]
     for row in history:
         for name in names:
             row.setdefault(name, None)
