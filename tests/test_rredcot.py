@@ -145,6 +145,37 @@ def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
     assert calls[-1] == 3 * 2 * 3
 
 
+def test_suffix_is_window_in_segments_covers_whole_segments():
+    """Completions of 10 tokens cut at offsets 0, 3 and 7 (matched slots, one group): a window of
+    one segment scores tokens [0, 3), [3, 7) and [7, 10) of each suffix, one of 2 tokens [0, 2),
+    [3, 5), [7, 9); two segments reach [0, 7), [3, 10), [7, 10). Hand-computed log weights: the
+    scorer gives -1 per token and q -2 per token, so log w = +1 per scored token."""
+    from rredcot_cli.values.suffix_is import suffix_is_values
+
+    traces = [[1] + list(range(10, 20)), [1] + list(range(20, 30))]
+    common = dict(prompt_lens=[1, 1], boundaries=[[0, 3, 7], [0, 3, 7]], sampling_logprobs=[[-2.0] * 10] * 2,
+                  rewards=[1.0, 0.0], groups=[0, 0], matched=True, clip=0.0, self_normalised=False)
+
+    def spans(window, unit):
+        seen = []
+
+        def scorer(model, traces_, probes, **kwargs):
+            seen.extend((p.trace, p.prefix_len - 1, len(p.tokens)) for p in probes)
+            return [torch.full((len(p.tokens),), -1.0) for p in probes]
+
+        values = suffix_is_values(None, traces, window=window, window_unit=unit, scorer=scorer, **common)
+        return sorted(set((start, start + n) for _, start, n in seen)), values
+
+    assert spans(1, "segments")[0] == [(0, 3), (3, 7), (7, 10)]
+    assert spans(2, "tokens")[0] == [(0, 2), (3, 5), (7, 9)]
+    assert spans(2, "segments")[0] == [(0, 7), (3, 10), (7, 10)]
+    # Plain IS, slot 1 of trace 0 (suffixes of 4 tokens, w = e^4 each): (e^4 * 1 + e^4 * 0) / 2.
+    _, values = spans(1, "segments")
+    assert float(values[0][1]) == pytest.approx(math.exp(4) / 2)
+    with pytest.raises(ValueError, match="window unit"):
+        suffix_is_values(None, traces, window=1, window_unit="lines", scorer=lambda *a, **k: [], **common)
+
+
 def test_suffix_is_blames_the_single_wrong_step():
     """Five gold chains and one that miscomputes step 2 and then continues consistently: the
     matched suffix-IS estimator must give step 2's segment the most negative credit."""

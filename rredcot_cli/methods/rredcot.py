@@ -50,7 +50,8 @@ class RREDCoTParams:
     # suffix_is options (design.md section 4)
     is_boundaries: str = "matched"  # matched | all
     is_self_normalised: bool = True
-    is_window: int = 16  # tokens of likelihood ratio; 0 = the whole suffix
+    is_window: int = 16  # length of the likelihood ratio, in is_window_unit; 0 = the whole suffix
+    is_window_unit: str = "tokens"  # tokens | segments
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
     # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
     # values), packed (probes appended to the trace in one row with a block attention mask), or
@@ -143,7 +144,8 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 @register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",))
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
-            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "auto") -> Credit:
+            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "auto",
+            is_window_unit: str = "tokens") -> Credit:
     """Estimate V after every segment boundary with ``value``, then redistribute.
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
@@ -156,13 +158,15 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
         raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORING)}")
     if baseline not in ("group_mean", "estimator"):
         raise ValueError(f"unknown baseline {baseline!r}; valid: group_mean, estimator")
+    if is_window_unit not in ("tokens", "segments"):
+        raise ValueError(f"unknown is_window_unit {is_window_unit!r}; valid: tokens, segments")
     B, S = batch.segment_ids.shape[0], batch.max_segments
     ends = segment_ends(batch)
     # Prefixes to estimate: S_0 (completion offset 0) when the baseline is the estimator, then
     # the ends of S_1..S_{K-1}; S_K is the observed reward.
     offsets = [([0] if baseline == "estimator" else []) + e[:-1] for e in ends]
     estimates = estimate_values(batch, policy, value, offsets, probe_template=probe_template,
-                                matched=is_boundaries == "matched", window=is_window,
+                                matched=is_boundaries == "matched", window=is_window, window_unit=is_window_unit,
                                 self_normalised=is_self_normalised, clip=is_clip, probe_scoring=probe_scoring)
 
     values = torch.full((B, S + 1), float("nan"))
@@ -189,7 +193,7 @@ def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[int]], *, probe_template,
-                    matched: bool, window: int, self_normalised: bool, clip: float,
+                    matched: bool, window: int, self_normalised: bool, clip: float, window_unit: str = "tokens",
                     probe_scoring: str = "auto") -> list[torch.Tensor]:
     """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
     from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
@@ -219,6 +223,7 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
     sampling = [batch.old_logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)]
     return suffix_is_values(policy.model, traces, [len(p) for p in prompts], offsets, sampling,
                             batch.rewards.tolist(), batch.group_ids.tolist(), matched=matched, window=window,
+                            window_unit=window_unit,
                             self_normalised=self_normalised, clip=clip, device=policy.device, stats=stats,
                             scorer=scorer)
 

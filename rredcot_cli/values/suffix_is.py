@@ -5,10 +5,14 @@ A suffix y of trace j, cut at its boundary m, was drawn from q = pi_old(. | S_j,
 the prefix S_i,k of trace i, it estimates
 
     V(S_i,k) ~= sum_y w(y) R_j / N            (plain)   or   sum_y w(y) R_j / sum_y w(y)   (self-normalised)
-    w(y) = exp(log pi(y | S_i,k) - log q(y))  over the first ``window`` tokens of y (all if 0)
+    w(y) = exp(log pi(y | S_i,k) - log q(y))  over the first ``window`` tokens of y (all if 0),
+                                              or its first ``window`` segments (window_unit="segments")
 
 Deviations, all options: the lookahead window truncates the likelihood ratio to bound cost and
-variance (the utility stays the full trace's reward); weights are clipped at ``clip`` (0 = off);
+variance (the utility stays the full trace's reward); counted in tokens it covers less of a step
+the more verbose the format (16 tokens are two step lines of `chain` but a fifth of one of
+`chain_verbose`, where it localises nothing: docs/credit-quality.md), counted in segments it
+covers the same steps whatever their length; weights are clipped at ``clip`` (0 = off);
 ``matched`` uses only suffixes cut at the same segment index k, ``all`` every boundary of every
 trace in the group. Everything is computed in log space until the final normalisation.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from rredcot_cli.values.packing import Probe, cached_probe_logprobs
+
+WINDOW_UNITS = ("tokens", "segments")
 
 
 def suffix_is_values(
@@ -33,6 +39,7 @@ def suffix_is_values(
     window: int,
     self_normalised: bool,
     clip: float,
+    window_unit: str = "tokens",
     device: str = "cpu",
     stats: dict | None = None,
     scorer=cached_probe_logprobs,
@@ -41,8 +48,12 @@ def suffix_is_values(
 
     boundaries[i]: completion-token offsets b_i,0 < ... (S_i,k = prompt + completion[:b_i,k]);
     sampling_logprobs[i]: log q of each completion token as sampled. Returns per trace a float32
-    tensor (len(boundaries[i]),); a prefix with no usable suffix gets NaN.
+    tensor (len(boundaries[i]),); a prefix with no usable suffix gets NaN. ``window_unit``:
+    ``tokens`` or ``segments`` (a suffix cut at boundary m then ends at boundary m + window, or
+    at the completion's end).
     """
+    if window_unit not in WINDOW_UNITS:
+        raise ValueError(f"unknown window unit {window_unit!r}; valid: {', '.join(WINDOW_UNITS)}")
     members: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
@@ -56,7 +67,12 @@ def suffix_is_values(
             if m >= len(boundaries[j]):
                 continue
             start = boundaries[j][m]
-            end = completion_len if window <= 0 else min(completion_len, start + window)
+            if window <= 0:
+                end = completion_len
+            elif window_unit == "segments":
+                end = boundaries[j][m + window] if m + window < len(boundaries[j]) else completion_len
+            else:
+                end = min(completion_len, start + window)
             if end > start:
                 out.append((start, end))
         return out
