@@ -20,18 +20,12 @@ settings) only, not on which other prefixes share its batch.
 from __future__ import annotations
 
 import hashlib
-import inspect
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from rredcot_cli.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.runs import derive_seed
-
-
-def _cache_kwarg(model: torch.nn.Module, cache) -> dict:
-    # transformers 5.2x renamed the forward argument ``past_key_values`` to ``cache``.
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache}
 
 
 def _returned_cache(out):
@@ -43,8 +37,6 @@ def _empty_cache(model: torch.nn.Module, max_length: int):
     transformers' concatenating cache made continuations ~6x slower than the sampler), or
     transformers' own where the installed version has no layered cache."""
     from transformers import DynamicCache
-
-    from rredcot_cli.kvcache import growing_cache
 
     return growing_cache(model, max_length) or DynamicCache()
 
@@ -118,7 +110,7 @@ def sample_continuations(
         # Left padding: positions count real tokens only, as in HF generate.
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **_cache_kwarg(model, _empty_cache(model, width + longest)))
+                    logits_to_keep=1, **cache_kwarg(model, _empty_cache(model, width + longest)))
         cache = _returned_cache(out)
         cache.batch_repeat_interleave(k)
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)
@@ -167,7 +159,7 @@ def sample_continuations(
                 attention, next_position = attention[keep], next_position[keep]
             attention = torch.cat([attention, torch.ones((in_batch.numel(), 1), dtype=attention.dtype, device=device)], 1)
             out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
-                        use_cache=True, **_cache_kwarg(model, cache))
+                        use_cache=True, **cache_kwarg(model, cache))
             cache = _returned_cache(out)
             logits = out.logits[:, -1]
             next_position = next_position + 1
