@@ -26,7 +26,9 @@ transformers' ``generate`` with its default cache (``hf-generate``: the backend 
 and the vLLM CPU backend when ``--vllm-python`` names an
 interpreter that imports vllm; at the default length (chain, ``max_new_tokens`` 256) and long
 (chain with 130 steps, ``max_new_tokens`` 1024: ~950-token completions after ~400-token
-prompts; or, with ``--long-model``, that model on ``--long-benchmark``'s chains). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
+prompts) and, with ``--long-model``, also *long-model*: that model on ``--long-benchmark``'s
+chains with ``experiment=long_chains``' completion budget (1,264 tokens; long completions after
+short prompts, as in the long-chain study). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
 (bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
@@ -53,7 +55,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
-DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024}}
+DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024},
+                # the --long-model case; 1,264 = conf/experiment/long_chains.yaml's sampling.max_new_tokens
+                "long-model": {"steps": None, "max_new_tokens": 1264}}
 DECODE_BACKENDS = ("hf", "hf-generate", "vllm")
 QUIET_CORES = 0.15
 
@@ -142,7 +146,7 @@ def decode_driver(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     case = DECODE_CASES[args.case]
     backend = "vllm" if args.backend == "vllm" else "hf"
-    long_model = args.long_model if args.case == "long" else None
+    long_model = args.long_model if args.case == "long-model" else None
     policy = load_policy(model_path=long_model or "embedded", dtype="float32", trust_remote_code=False, chat_template=False,
                          backend=backend, device="cpu", batch_size=0 if backend == "vllm" else 64, seed=0,
                          enforce_eager=False)
@@ -263,7 +267,7 @@ def run_trl(steps: int, work: Path, repeat: int) -> dict:
 
 def run_decode(backend: str, case: str, python: str, long_model: str | None, long_benchmark: str) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--decode-driver", "--backend", backend, "--case", case]
-    if long_model and case == "long":
+    if case == "long-model":
         cmd += ["--long-model", long_model, "--long-benchmark", long_benchmark]
     proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
                       f"decode {backend} {case}")
@@ -327,9 +331,10 @@ def summarize(data: dict) -> None:
                 for rep in sorted({r for (_, r) in per_repeat}) if (top, rep) in per_repeat and (bottom, rep) in per_repeat]
     decode = {(d["backend"], d["case"]): d for d in data.get("decode", []) if "tokens_per_s" in d}
     for backend in DECODE_BACKENDS:
-        if (backend, "default") in decode and (backend, "long") in decode:
-            ratios[f"{backend}_default_over_long_tokens_per_s"] = (decode[(backend, "default")]["tokens_per_s"]
-                                                                   / decode[(backend, "long")]["tokens_per_s"])
+        for case, suffix in (("long", ""), ("long-model", "_model")):
+            if (backend, "default") in decode and (backend, case) in decode:
+                ratios[f"{backend}_default_over_long{suffix}_tokens_per_s"] = (
+                    decode[(backend, "default")]["tokens_per_s"] / decode[(backend, case)]["tokens_per_s"])
     data["means"], data["ratios"] = means, ratios
 
 
@@ -368,9 +373,11 @@ def write_md(data: dict, path: Path) -> None:
         L.append(f"- **GRPO speed-up over TRL GRPOTrainer** (TRL s/round / GRPO s/step): "
                  f"**{ratios['trl_over_grpo']:.2f}x**{paired('trl_over_grpo')}")
     for backend in DECODE_BACKENDS:
-        key = f"{backend}_default_over_long_tokens_per_s"
-        if key in ratios:
-            L.append(f"- {backend} decode: tokens/s at the default length / at ~1,000 tokens: {ratios[key]:.2f}x")
+        for suffix, what in (("", "on 130-step chains (~950 tokens after ~400-token prompts)"),
+                             ("_model", "with the long-chain model (long completions after short prompts)")):
+            key = f"{backend}_default_over_long{suffix}_tokens_per_s"
+            if key in ratios:
+                L.append(f"- {backend} decode: tokens/s at the default length / {what}: {ratios[key]:.2f}x")
     L.append("")
     L.append("## Training step\n")
     L.append("| run | s/step | per repeat | generated tokens/step | tokens/s | whole run s | CPU s | eval pass@1 after "
@@ -403,7 +410,8 @@ def write_md(data: dict, path: Path) -> None:
     if data.get("decode"):
         L.append("\n## Decode\n")
         L.append("One generate call of 8 prompts x 8 samples, one thread. *default*: chain, up to 256 new tokens; "
-                 "*long*: chain with 130 steps, up to 1,024 new tokens (or the model named in the case). `hf` is the "
+                 "*long*: chain with 130 steps, up to 1,024 new tokens; *long-model*: the model named in the case on its "
+                 "own benchmark, up to 1,264 new tokens (the long-chain study's budget). `hf` is the "
                  "HF backend (growing KV cache, finished rows leave the batch), `hf-generate` transformers' "
                  "generate with its default cache (the backend before issue 13), `vllm` the vLLM CPU build.\n")
         L.append("| backend | case | completions | mean prompt tokens | mean / max new tokens | wall s | tokens/s | "
@@ -437,8 +445,8 @@ def main() -> None:
     ap.add_argument("--backend", default="hf", help=argparse.SUPPRESS)
     ap.add_argument("--case", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--long-model", default=None,
-                    help="decode's long case with this model (e.g. a checkpoint trained on chain_verbose) on "
-                         "--long-benchmark's default chains, instead of the embedded model on 130-step chains")
+                    help="also decode with this model (e.g. tiny-chain-verbose) on --long-benchmark's default "
+                         "chains, beside the embedded model on 130-step chains (case long-model)")
     ap.add_argument("--long-benchmark", default="chain_verbose", help="benchmark of --long-model")
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
@@ -490,7 +498,7 @@ def main() -> None:
                 data["training"].append(run_rredcot(run, args.steps, work, repeat, args.overrides))
             save()
     backends = [b for b in args.decode.split(",") if b and b != "none"]
-    for case in DECODE_CASES:
+    for case in [c for c in DECODE_CASES if c != "long-model" or args.long_model]:
         for backend in backends:
             if backend == "vllm" and not vllm_importable(args.vllm_python):
                 print(f"no vllm decode rows: {args.vllm_python} cannot import vllm and rredcot_cli")
