@@ -50,8 +50,11 @@ class RREDCoTParams:
     # suffix_is options (design.md section 4)
     is_boundaries: str = "matched"  # matched | all
     is_self_normalised: bool = True
-    is_window: int = 16  # length of the likelihood ratio, in is_window_unit; 0 = the whole suffix
-    is_window_unit: str = "tokens"  # tokens | segments
+    # Length of the likelihood ratio, in is_window_unit; 0 = the whole suffix. One segment (one
+    # step line) whatever its length: 16 tokens, the default before, localise as well on `chain`
+    # but at chance on `chain_verbose`'s 70-token lines (docs/credit-quality.md).
+    is_window: int = 1
+    is_window_unit: str = "segments"  # segments | tokens
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
     # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
     # values), packed (probes appended to the trace in one row with a block attention mask), or
