@@ -29,17 +29,20 @@ from rredcot_cli.methods.rredcot import RREDCoTParams
 from rredcot_cli.rollout import attribute, credit_batch, load_policy, sample_rows, segment_rows
 from rredcot_cli.segmenters import get_segmenter
 
+# suffix_is windows in tokens, as docs/rredcot-value-cost.md measured them (16 tokens was the
+# default then; the default is now one segment).
+TOKENS_16 = {"is_window": 16, "is_window_unit": "tokens"}
 ESTIMATORS = {
     "answer_probe": {"value": "answer_probe"},  # auto = packed
     "answer_probe_kv": {"value": "answer_probe", "probe_scoring": "kv_cache"},
-    "suffix_is": {"value": "suffix_is"},
-    "suffix_is_packed": {"value": "suffix_is", "probe_scoring": "packed"},
+    "suffix_is": {"value": "suffix_is", **TOKENS_16},
+    "suffix_is_packed": {"value": "suffix_is", "probe_scoring": "packed", **TOKENS_16},
     # Plain IS scores every slot (self-normalised IS skips slots whose suffixes all share one
     # reward, e.g. every slot at 40-80 steps where the model never succeeds): the cost of the
     # probes themselves, for the scaling rows.
-    "suffix_is_plain": {"value": "suffix_is", "is_self_normalised": False},
-    "suffix_is_w8": {"value": "suffix_is", "is_window": 8},
-    "suffix_is_w4": {"value": "suffix_is", "is_window": 4},
+    "suffix_is_plain": {"value": "suffix_is", "is_self_normalised": False, **TOKENS_16},
+    "suffix_is_w8": {"value": "suffix_is", "is_window": 8, "is_window_unit": "tokens"},
+    "suffix_is_w4": {"value": "suffix_is", "is_window": 4, "is_window_unit": "tokens"},
 }
 
 

@@ -147,8 +147,8 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 @register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",))
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
-            is_self_normalised: bool, is_window: int, is_clip: float, probe_scoring: str = "auto",
-            is_window_unit: str = "tokens") -> Credit:
+            is_self_normalised: bool, is_window: int, is_window_unit: str, is_clip: float,
+            probe_scoring: str = "auto") -> Credit:
     """Estimate V after every segment boundary with ``value``, then redistribute.
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
