@@ -58,7 +58,7 @@ PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "upda
 DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024},
                 # the --long-model case; 1,264 = conf/experiment/long_chains.yaml's sampling.max_new_tokens
                 "long-model": {"steps": None, "max_new_tokens": 1264}}
-DECODE_BACKENDS = ("hf", "hf-generate", "vllm")
+DECODE_BACKENDS = ("hf", "hf-unshared", "hf-bf16", "hf-generate", "vllm")
 QUIET_CORES = 0.15
 
 
@@ -152,6 +152,10 @@ def decode_driver(args: argparse.Namespace) -> None:
                          enforce_eager=False)
     if args.backend == "hf-generate":  # the HF backend before issue 13: generate with its own cache
         policy.backend.growing_cache = policy.backend.compact = False
+    if args.backend == "hf-unshared":  # each row reads its own copy of its prompt's keys and values
+        policy.backend.share_prompts = False
+    if args.backend == "hf-bf16":  # keys and values in bfloat16
+        policy.backend.kv_dtype = torch.bfloat16
     if long_model:  # a model that writes long completions itself, on its own benchmark's default chains
         bench = make_benchmark(args.long_benchmark)
     else:
@@ -329,13 +333,22 @@ def summarize(data: dict) -> None:
                  "others_cores": [per_repeat[(top, rep)]["others_cores_mean"],
                                   per_repeat[(bottom, rep)]["others_cores_mean"]]}
                 for rep in sorted({r for (_, r) in per_repeat}) if (top, rep) in per_repeat and (bottom, rep) in per_repeat]
-    decode = {(d["backend"], d["case"]): d for d in data.get("decode", []) if "tokens_per_s" in d}
+    decode = decode_rates(data)
     for backend in DECODE_BACKENDS:
         for case, suffix in (("long", ""), ("long-model", "_model")):
             if (backend, "default") in decode and (backend, case) in decode:
                 ratios[f"{backend}_default_over_long{suffix}_tokens_per_s"] = (
-                    decode[(backend, "default")]["tokens_per_s"] / decode[(backend, case)]["tokens_per_s"])
+                    decode[(backend, "default")] / decode[(backend, case)])
     data["means"], data["ratios"] = means, ratios
+
+
+def decode_rates(data: dict) -> dict[tuple[str, str], float]:
+    """(backend, case) -> median tokens/s over the decode repeats."""
+    rates: dict[tuple[str, str], list[float]] = {}
+    for d in data.get("decode", []):
+        if "tokens_per_s" in d:
+            rates.setdefault((d["backend"], d["case"]), []).append(d["tokens_per_s"])
+    return {key: statistics.median(values) for key, values in rates.items()}
 
 
 # --------------------------------------------------------------------------- the write-up
@@ -412,12 +425,14 @@ def write_md(data: dict, path: Path) -> None:
         L.append("One generate call of 8 prompts x 8 samples, one thread. *default*: chain, up to 256 new tokens; "
                  "*long*: chain with 130 steps, up to 1,024 new tokens; *long-model*: the model named in the case on its "
                  "own benchmark, up to 1,264 new tokens (the long-chain study's budget). `hf` is the "
-                 "HF backend (growing KV cache, finished rows leave the batch), `hf-generate` transformers' "
+                 "HF backend (growing KV cache, finished rows leave the batch, a prompt's samples share its keys and "
+                 "values), `hf-unshared` the same with a copy of the prompt per sample, `hf-bf16` the same with "
+                 "`backend.kv_cache_dtype=bfloat16`, `hf-generate` transformers' "
                  "generate with its default cache (the backend before issue 13), `vllm` the vLLM CPU build.\n")
         L.append("| backend | case | completions | mean prompt tokens | mean / max new tokens | wall s | tokens/s | "
                  "tokens/CPU-s | default / this | others |")
         L.append("|---|---|---|---|---|---|---|---|---|---|")
-        rates = {(d["backend"], d["case"]): d.get("tokens_per_s") for d in data["decode"]}
+        rates = decode_rates(data)
         for d in data["decode"]:
             if "tokens_per_s" not in d:
                 L.append(f"| {d['backend']} | {d['case']} | failed (rc {d['returncode']}) | | | | | | | |")
@@ -428,6 +443,9 @@ def write_md(data: dict, path: Path) -> None:
                      f"{d['mean_tokens']:.0f} / {d['max_tokens']} | {d['wall_s']:.1f} | {d['tokens_per_s']:,.0f} | "
                      f"{d['tokens_per_cpu_s']:,.0f} | {base / d['tokens_per_s']:.2f} | "
                      f"{d.get('others_cores_mean') or 0:.2f} |")
+        if any(len([d for d in data["decode"] if (d["backend"], d["case"]) == key]) > 1 for key in rates):
+            L.append("\nRepeated calls are listed in the order they ran; *default / this* divides by the median "
+                     "default-length rate of the backend, and the ratios above are of medians.")
     for note in data.get("notes", []):
         L.append(note + "\n")
     L.append("\n## Reproduce\n")
@@ -453,7 +471,9 @@ def main() -> None:
     ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")
     ap.add_argument("--trl", choices=("auto", "off"), default="auto", help="auto: TRL's rows when `import trl` works")
     ap.add_argument("--decode", default="hf,hf-generate,vllm",
-                    help="decode backends to time (comma list of hf, hf-generate, vllm; none: no decode table)")
+                    help="decode backends to time (comma list of hf, hf-unshared, hf-generate, vllm; none: no decode table)")
+    ap.add_argument("--decode-repeats", type=int, default=1,
+                    help="time every decode case this many times (rounds alternate; ratios use the medians)")
     ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
                     help="an interpreter with vllm and this project installed, for the vllm decode rows")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
@@ -498,7 +518,8 @@ def main() -> None:
                 data["training"].append(run_rredcot(run, args.steps, work, repeat, args.overrides))
             save()
     backends = [b for b in args.decode.split(",") if b and b != "none"]
-    for case in [c for c in DECODE_CASES if c != "long-model" or args.long_model]:
+    cases = [c for c in DECODE_CASES if c != "long-model" or args.long_model]
+    for case in [c for _ in range(args.decode_repeats) for c in cases]:
         for backend in backends:
             if backend == "vllm" and not vllm_importable(args.vllm_python):
                 print(f"no vllm decode rows: {args.vllm_python} cannot import vllm and rredcot_cli")

@@ -38,6 +38,9 @@ class Policy:
     chat_template: bool
 
 
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+
+
 def load_policy(
     *,
     model_path: str,
@@ -54,17 +57,24 @@ def load_policy(
     kv_cache_gb: float | None = None,
     max_model_len: int | None = None,
     sleep_mode: Any = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Policy:
     """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
     generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
     gets trained and scored, and its weights are pushed to vLLM after every update. The
-    ``gpu_memory_utilization`` .. ``sleep_mode`` arguments are vLLM's (``BackendConfig``)."""
+    ``gpu_memory_utilization`` .. ``sleep_mode`` arguments are vLLM's, ``kv_cache_dtype`` the HF
+    backend's (``BackendConfig``)."""
     from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
 
     from rredcot_cli.errors import RredcotError
 
     if backend not in ("hf", "vllm"):
         raise RredcotError(f"unknown backend {backend!r}; valid: hf, vllm")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype}: unknown; valid: {', '.join(KV_CACHE_DTYPES)}")
+    if backend != "hf" and kv_cache_dtype != "auto":
+        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype} is an option of backend=hf; drop it with "
+                           f"backend={backend}")
     if backend == "hf" and batch_size < 1:
         raise RredcotError(f"backend.batch_size={batch_size}: the hf backend needs at least 1 sequence per "
                            "generate call (0, all prompts in one call, is for backend=vllm)")
@@ -79,7 +89,10 @@ def load_policy(
     if backend == "hf":
         from rredcot_cli.backends.hf import HFBackend
 
-        engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device)
+        import torch
+
+        kv_dtype = None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
+        engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device, kv_dtype=kv_dtype)
     else:
         from rredcot_cli.backends.vllm import VLLMBackend
 

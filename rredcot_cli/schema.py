@@ -75,6 +75,10 @@ class BackendConfig:
     # Free the engine's weights and KV cache during each policy update and reload them after:
     # auto (on with CUDA; vLLM has no sleep mode on CPU) | true | false.
     sleep_mode: Any = "auto"
+    # HF only. Dtype of the keys and values a decode keeps, and of its attention: auto (the model's)
+    # | bfloat16 | float16. bfloat16 halves the bytes a long decode reads (docs/throughput.md) but
+    # changes the sampled numbers, so training then recomputes its old log-probs (train.old_logprobs).
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass

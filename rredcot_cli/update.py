@@ -79,21 +79,22 @@ class ForwardPass:
 OLD_LOGPROBS = ("auto", "recompute", "sampler")
 
 
-def old_from_sampler(choice: str, backend: str, precision: str, sampler_correction: str) -> bool:
+def old_from_sampler(choice: str, backend: str, precision: str, sampler_correction: str,
+                     kv_cache_dtype: str = "auto") -> bool:
     """Whether the update takes the sampler's recorded log-probs as its old log-probs
     (``train.old_logprobs``). ``auto`` does so only where sampler and trainer are one model in one
     precision: the HF backend generates with the trained module itself, and in fp32 its recorded
     log-probs equal a teacher-forced pass up to float rounding (measured: at most 6.5e-5 nats,
     mean 6e-8, on 384 completions of the embedded model; ``tests/test_hf_backend.py`` checks
-    1e-4). vLLM (other kernels), mixed precision and a sampler correction (which needs both
-    numbers) recompute."""
+    1e-4). vLLM (other kernels), mixed precision, a 16-bit KV cache in the sampler and a sampler
+    correction (which needs both numbers) recompute."""
     if choice not in OLD_LOGPROBS:
         raise ValueError(f"train.old_logprobs={choice}: unknown; valid: {', '.join(OLD_LOGPROBS)}")
     if choice == "sampler" and sampler_correction != "none":
         raise ValueError(f"train.old_logprobs=sampler with train.sampler_correction={sampler_correction}: the "
                          "correction compares the sampler's log-probs with recomputed ones; use recompute")
     if choice == "auto":
-        return backend == "hf" and precision == "fp32" and sampler_correction == "none"
+        return backend == "hf" and precision == "fp32" and kv_cache_dtype == "auto" and sampler_correction == "none"
     return choice == "sampler"
 
 

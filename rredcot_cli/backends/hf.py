@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from rredcot_cli.backends.base import Completion, SamplingParams
+from rredcot_cli import shared_prompt
 from rredcot_cli.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
 
@@ -79,12 +80,22 @@ class HFBackend:
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, device: str | torch.device = "cpu",
-                 growing_cache: bool = True, compact: bool = True):
+                 growing_cache: bool = True, compact: bool = True, share_prompts: bool = True,
+                 kv_dtype: torch.dtype | None = None):
         self.model = model
         self.growing_cache = growing_cache  # kvcache.growing_cache; False: transformers' default cache
         # Decode with _compacting_decode (finished rows leave the batch) where the model's
         # generation config adds no logits processor of its own; False: transformers' generate.
         self.compact = compact
+        # In _compacting_decode, rows with the same prompt share its keys and values
+        # (shared_prompt.py: one prefill and one read per prompt) where the model supports it.
+        self.share_prompts = share_prompts
+        # Keys, values and decode attention in this dtype (None: the model's); needs the decode
+        # above, hence a model with full-attention layers only.
+        self.kv_dtype = kv_dtype
+        if kv_dtype is not None and not shared_prompt.supported(model):
+            raise ValueError(f"kv_dtype={kv_dtype}: this model has layers other than full attention; "
+                             "decode it in its own dtype")
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -145,7 +156,11 @@ class HFBackend:
         # kvcache.growing_cache: no copy of the whole cache per decoded token (same numbers)
         cache = growing_cache(self.model, width + params.max_new_tokens) if self.growing_cache else None
         if self.compact and cache is not None and _plain_generation_config(self.model):
-            rows = self._compacting_decode(input_ids, attention_mask, params, cache)
+            every_row = list(range(len(prompt_ids)))
+            row_group, firsts = shared_prompt.prompt_groups(prompt_ids) if self.share_prompts else (every_row, every_row)
+            share = (len(firsts) < len(prompt_ids) or self.kv_dtype is not None) and shared_prompt.supported(self.model)
+            rows = self._compacting_decode(input_ids, attention_mask, params, cache,
+                                           (torch.tensor(row_group, device=self.device), firsts) if share else None)
             return [self._completion(ids, lps) for ids, lps in rows]
         recorder = _SampledLogprobRecorder(params.temperature, params.top_p, sampling=params.temperature > 0)
         sequences = self.model.generate(
@@ -170,7 +185,8 @@ class HFBackend:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Completion(token_ids=ids, logprobs=lps, text=text, finish_reason=reason)
 
-    def _compacting_decode(self, input_ids, attention_mask, params: SamplingParams, cache) -> list[tuple[list, list]]:
+    def _compacting_decode(self, input_ids, attention_mask, params: SamplingParams, cache,
+                           groups: tuple[torch.Tensor, list[int]] | None = None) -> list[tuple[list, list]]:
         """transformers' sampling loop (``GenerationMixin._sample`` with this backend's settings:
         temperature and top-p warpers, EOS or ``max_new_tokens`` ends a row) in which rows that
         finished leave the batch, a quarter of it at a time: ``generate`` runs every row until the
@@ -178,9 +194,13 @@ class HFBackend:
         of them at ~500-token completions with a long tail). The random stream is transformers':
         every step draws one multinomial sample per original row (a finished row's from a point
         mass), so a call gives the tokens ``generate`` gives, up to the float rounding of smaller
-        batches. ``cache``: an empty ``kvcache.growing_cache``. Returns per row the generated tokens
-        (EOS included) and their log-probs."""
+        batches. ``cache``: an empty ``kvcache.growing_cache``. ``groups``: (group of each row,
+        first row of each group) for rows that share prompts: each prompt is prefilled once and
+        the decode steps read its keys and values once per step (``shared_prompt.py``; same
+        numbers up to rounding). Returns per row the generated tokens (EOS included) and their
+        log-probs."""
         import inspect
+        from contextlib import nullcontext
 
         model, sampling = self.model, params.temperature > 0
         last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
@@ -194,30 +214,44 @@ class HFBackend:
         mask = attention_mask
         step_ids = input_ids
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, tokens, log-probs)
-        for _ in range(params.max_new_tokens):
-            logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+        if groups is None:
+            logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                            **last_only, **cache_kwarg(model, cache)).logits[:, -1].float()
-            scores = warpers(step_ids, logits)
-            if sampling:
-                probs = torch.zeros((B, scores.shape[-1]), device=scores.device)
-                probs[:, self.pad_id] = 1.0  # rows that left the batch: a point mass, one draw each
-                probs[rows] = torch.softmax(scores, dim=-1)
-                chosen = torch.multinomial(probs, num_samples=1).squeeze(1)[rows]
-            else:
-                chosen = scores.argmax(dim=-1)
-            chosen = torch.where(live, chosen, torch.full_like(chosen, self.pad_id))
-            logprobs = torch.log_softmax(scores, dim=-1).gather(1, chosen[:, None]).squeeze(1)
-            steps.append((rows[live].cpu(), chosen[live].cpu(), logprobs[live].float().cpu()))
-            live = live & ~torch.isin(chosen, eos)
-            if not live.any():
-                break
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-            step_ids, positions = chosen[:, None], positions[:, -1:] + 1
-            if (~live).sum() * 4 >= live.numel():  # a quarter of the batch finished: drop it
-                keep = live.nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                mask, step_ids, positions, rows, live = mask[keep], step_ids[keep], positions[keep], rows[keep], live[keep]
+            decoding, shared = nullcontext(), {}
+        else:
+            row_group, firsts = groups
+            distinct = torch.tensor(firsts, device=self.device)
+            logits = model(input_ids=input_ids[distinct], attention_mask=mask[distinct],
+                           position_ids=positions[distinct], use_cache=True, **last_only,
+                           **cache_kwarg(model, cache)).logits[:, -1].float()[row_group]
+            cache = shared_prompt.shared_prompt_cache(cache, mask[distinct], row_group, params.max_new_tokens,
+                                                      self.kv_dtype)
+            decoding, shared = shared_prompt.decode_attention(model), {"shared_prompt": cache}
+        steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, tokens, log-probs)
+        with decoding:
+            for step in range(params.max_new_tokens):
+                scores = warpers(step_ids, logits)
+                if sampling:
+                    probs = torch.zeros((B, scores.shape[-1]), device=scores.device)
+                    probs[:, self.pad_id] = 1.0  # rows that left the batch: a point mass, one draw each
+                    probs[rows] = torch.softmax(scores, dim=-1)
+                    chosen = torch.multinomial(probs, num_samples=1).squeeze(1)[rows]
+                else:
+                    chosen = scores.argmax(dim=-1)
+                chosen = torch.where(live, chosen, torch.full_like(chosen, self.pad_id))
+                logprobs = torch.log_softmax(scores, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+                steps.append((rows[live].cpu(), chosen[live].cpu(), logprobs[live].float().cpu()))
+                live = live & ~torch.isin(chosen, eos)
+                if not live.any() or step == params.max_new_tokens - 1:
+                    break
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+                step_ids, positions = chosen[:, None], positions[:, -1:] + 1
+                if (~live).sum() * 4 >= live.numel():  # a quarter of the batch finished: drop it
+                    keep = live.nonzero().squeeze(1)
+                    cache.batch_select_indices(keep)
+                    mask, step_ids, positions, rows, live = mask[keep], step_ids[keep], positions[keep], rows[keep], live[keep]
+                logits = model(input_ids=step_ids, attention_mask=None if shared else mask, position_ids=positions,
+                               use_cache=True, **last_only, **cache_kwarg(model, cache), **shared).logits[:, -1].float()
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         for step_rows, step_tokens, step_lps in steps:

@@ -111,7 +111,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                           micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device,
                                                                      parallel.world_size))
     # The sampler's log-probs stand in for the pre-update pass where they are the same numbers.
-    sampler_is_old = old_from_sampler(t.old_logprobs, cfg.backend.name, precision.name, t.sampler_correction)
+    sampler_is_old = old_from_sampler(t.old_logprobs, cfg.backend.name, precision.name, t.sampler_correction,
+                                      cfg.backend.kv_cache_dtype)
     stepper = GradientStepper(precision, policy.device)
     # The initial policy, also when resuming.
     reference, reference_forward = trainable.reference(model, precision, forward) if t.kl_coef else (None, None)
