@@ -103,7 +103,7 @@ def token_logprobs(
     return logprobs, entropies
 
 
-def _splittable_head(model: torch.nn.Module):
+def splittable_head(model: torch.nn.Module):
     """``(decoder body, lm_head)`` when the model's logits are exactly ``lm_head(last hidden)``."""
     config = getattr(model, "config", None)
     if config is None or any(getattr(config, name, None) for name in _LOGIT_POSTPROCESSING):
@@ -158,7 +158,7 @@ def completion_logprobs(
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     targets = input_ids[:, width_p:][mask]  # (N,) the real completion tokens, row-major
-    split = _splittable_head(model) if chunk_tokens > 0 else None
+    split = splittable_head(model) if chunk_tokens > 0 else None
     if split is None:
         # Logits at columns P-1 .. P+T-1; the one at P+T-1 predicts past the end and is dropped.
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -195,3 +195,32 @@ def _chunked_head_logprobs(head, hidden, targets, temperature, top_p, with_entro
     flat_lp = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
     flat_ent = (torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)) if with_entropy else None
     return flat_lp, flat_ent
+
+
+# Rows of logits per LM-head call in ``scored_positions_forward``: 2^26 floats (256 MiB) whatever
+# the vocabulary (all positions at once for the embedded models, ~440 at a 152k vocabulary).
+_HEAD_CHUNK_ELEMENTS = 1 << 26
+
+
+def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
+                             **inputs):
+    """One no-grad forward ``model(**inputs)`` that scores only the positions it is asked for.
+
+    ``rows``, ``cols`` (N,) index the (batch, sequence) positions whose next-token log-prob is
+    wanted, ``targets`` (N,) the tokens to score there. Returns the model's output (for its cache)
+    and the float32 log-probs (N,) under ``softmax(logits)``. When the logits are a plain LM head
+    of the last hidden state (``splittable_head``), the head and softmax run over those N
+    positions only, a chunk of rows at a time: with a 152k vocabulary, full ``(B, T, V)`` logits of
+    a probe batch would be tens of GB (and the head a third of a 0.5B model's work), while the
+    scorers need a few positions per probe. Other models take one full pass, indexed after."""
+    split = splittable_head(model)
+    if split is None:
+        out = model(**inputs)
+        return out, token_logprobs(out.logits[rows, cols], targets)[0]
+    body, head = split
+    out = body(**inputs)
+    hidden = out.last_hidden_state[rows, cols]  # (N, H)
+    chunk = max(1, _HEAD_CHUNK_ELEMENTS // head.weight.shape[0])  # rows of (rows, vocabulary) logits
+    pieces = [token_logprobs(head(hidden[start : start + chunk]), targets[start : start + chunk])[0]
+              for start in range(0, hidden.shape[0], chunk)]
+    return out, torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)

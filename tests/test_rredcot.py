@@ -120,6 +120,43 @@ def test_probe_scorers_match_scoring_each_prefix_from_scratch(random_model, scor
     assert stats["forward_tokens"] < naive_tokens
 
 
+def _score(scorer, model, traces, probes):
+    if scorer == "packed":
+        return packed_probe_logprobs(model, traces, probes, max_row_tokens=60, rows_per_forward=2)
+    return cached_probe_logprobs(model, traces, probes, traces_per_forward=2, row_tokens=12, max_probe_tokens=30)
+
+
+@pytest.mark.parametrize("scorer", ["packed", "kv_cache"])
+def test_probe_scorers_run_the_lm_head_on_scored_positions_only(random_model, scorer, monkeypatch):
+    """With a 152k vocabulary, full logits of a probe batch would be tens of GB: the LM head runs on
+    the positions a probe scores, in chunks, and a model whose logits are more than the head of the
+    last hidden state (soft-capping) falls back to one full pass. Same numbers either way."""
+    import rredcot_cli.logprobs as logprobs_module
+
+    g = torch.Generator().manual_seed(2)
+    traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (30, 17, 45)]
+    probes = random_probes(traces, seed=3)
+    reference = unpacked_probe_logprobs(random_model, traces, probes)
+    scored_positions = sum(len(p.tokens) - p.scored_from for p in probes)
+    head_rows = []
+    hook = random_model.lm_head.register_forward_hook(lambda m, args, out: head_rows.append(args[0].shape[:-1].numel()))
+    try:
+        monkeypatch.setattr(logprobs_module, "_HEAD_CHUNK_ELEMENTS", 40 * 5)  # 5 rows per head call
+        scored = _score(scorer, random_model, traces, probes)
+        assert 0 < sum(head_rows) <= scored_positions
+        assert max(head_rows) <= 5
+        for a, b in zip(scored, reference):
+            assert torch.allclose(a, b, atol=1e-5)
+        head_rows.clear()
+        monkeypatch.setattr(random_model.config, "final_logit_softcapping", 30.0, raising=False)
+        scored = _score(scorer, random_model, traces, probes)
+        assert sum(head_rows) > scored_positions  # the full pass: every position of every row
+        for a, b in zip(scored, reference):  # Qwen2 ignores the attribute: the same numbers
+            assert torch.allclose(a, b, atol=1e-5)
+    finally:
+        hook.remove()
+
+
 def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
     """Self-normalised weights sum to one, so a uniform group's values equal its reward without
     scoring anything; a mixed group still needs the model."""

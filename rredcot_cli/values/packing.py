@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rredcot_cli.logprobs import scored_positions_forward, splittable_head
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -176,19 +178,26 @@ def packed_probe_logprobs(
             pad = torch.arange(offset, N)
             allowed[r, pad, pad] = True
         mask = torch.where(allowed, 0.0, neg)[:, None].to(device)
-        logits = model(input_ids=input_ids.to(device), attention_mask=mask, position_ids=positions.to(device)).logits
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if stats is not None:
-            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(chunk) * N
+        # The prediction of probe token j comes from the position before it: the prefix's last
+        # trace token for j = 0, probe token j - 1 otherwise. Only the scored tokens are read.
+        rows, cols, targets, spans = [], [], [], []
         for r, offset, index in layout:
             probe = probes[index]
             n = len(probe.tokens)
-            # The prediction of probe token j comes from the position before it: the prefix's
-            # last trace token for j = 0, probe token j - 1 otherwise.
-            sources = torch.tensor([probe.prefix_len - 1] + list(range(offset, offset + n - 1)))
-            targets = torch.tensor(probe.tokens)
-            token_logprobs = logprobs[r, sources.to(logprobs.device), targets.to(logprobs.device)]
-            results[index] = token_logprobs[probe.scored_from :].float().cpu()
+            sources = [probe.prefix_len - 1] + list(range(offset, offset + n - 1))
+            spans.append((index, len(cols), n - probe.scored_from))
+            rows.extend([r] * (n - probe.scored_from))
+            cols.extend(sources[probe.scored_from :])
+            targets.extend(probe.tokens[probe.scored_from :])
+        _, scored = scored_positions_forward(
+            model, torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device),
+            torch.tensor(targets, dtype=torch.long, device=device),
+            input_ids=input_ids.to(device), attention_mask=mask, position_ids=positions.to(device), use_cache=False)
+        scored = scored.cpu()
+        if stats is not None:
+            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(chunk) * N
+        for index, at, n in spans:
+            results[index] = scored[at : at + n]
     return [results[w] for w in where]  # type: ignore[misc]
 
 
@@ -215,11 +224,12 @@ def _cache_kwarg(model: torch.nn.Module, cache) -> dict:
     return {"cache": cache} if "cache" in inspect.signature(model.forward).parameters else {"past_key_values": cache}
 
 
-def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str):
+def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str, rows: list[int], cols: list[int]):
     """One causal pass over the right-padded traces.
 
-    Returns per-layer (keys, values) of shape (B, heads, T, head_dim) and the (B, T-1) log-probs of
-    each trace's own tokens 1..T-1 (teacher forcing), both on ``device``.
+    Returns per-layer (keys, values) of shape (B, heads, T, head_dim) on ``device`` and the
+    float32 log-probs (N,) of trace ``rows[i]``'s own token ``cols[i] + 1`` (teacher forcing) on
+    the CPU: only the positions that probes read off the encoding are scored.
     """
     from transformers import DynamicCache
 
@@ -229,12 +239,18 @@ def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str)
     for i, trace in enumerate(traces):
         input_ids[i, : len(trace)] = torch.tensor(trace)
         attention[i, : len(trace)] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    out = model(input_ids=input_ids, attention_mask=attention, use_cache=True, **_cache_kwarg(model, DynamicCache()))
-    logprobs = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    rows_t, cols_t = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+    # Probes that overlap on the trace read the same positions: each is scored once.
+    unique, inverse = torch.unique(rows_t * T + cols_t, return_inverse=True)
+    at_rows, at_cols = unique // T, unique % T
+    targets = input_ids[at_rows, at_cols + 1]
+    body = getattr(model, "get_decoder", lambda: model)() if splittable_head(model) else model
+    out, logprobs = scored_positions_forward(
+        model, at_rows.to(device), at_cols.to(device), targets.to(device), input_ids=input_ids.to(device),
+        attention_mask=attention.to(device), use_cache=True, **_cache_kwarg(body, DynamicCache()))
     cache = out.cache if "cache" in out else out.past_key_values
     layers = [(layer.keys, layer.values) for layer in cache.layers]
-    return layers, logprobs
+    return layers, logprobs.cpu()[inverse]
 
 
 @torch.no_grad()
@@ -280,22 +296,28 @@ def cached_probe_logprobs(
     neg = torch.finfo(torch.float32).min
     for start in range(0, len(trace_ids), traces_per_forward):
         group = trace_ids[start : start + traces_per_forward]
-        layers, own = _encode_traces(model, [traces[t] for t in group], device)
-        own = own.cpu()
-        if stats is not None:
-            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(group) * layers[0][0].shape[2]
         local = {t: r for r, t in enumerate(group)}
         pending_by_trace: dict[int, list[int]] = {}
+        # A probe that continues its own trace is scored by the encoding pass: its positions.
+        own_rows: list[int] = []
+        own_cols: list[int] = []
+        own_spans: list[tuple[int, int, int]] = []  # (probe index, first of its positions, count)
         for t in group:
             trace = traces[t]
             for index in by_trace[t]:
                 probe = probes[index]
-                start, end = probe.prefix_len, probe.prefix_len + len(probe.tokens)
-                if tuple(trace[start:end]) == probe.tokens:
-                    # The probe continues its own trace: the encoding pass already scored it.
-                    results[index] = own[local[t], start - 1 + probe.scored_from : end - 1].float()
+                first, end = probe.prefix_len + probe.scored_from, probe.prefix_len + len(probe.tokens)
+                if tuple(trace[probe.prefix_len : end]) == probe.tokens:
+                    own_spans.append((index, len(own_cols), end - first))
+                    own_rows.extend([local[t]] * (end - first))
+                    own_cols.extend(range(first - 1, end - 1))
                 else:
                     pending_by_trace.setdefault(t, []).append(index)
+        layers, own = _encode_traces(model, [traces[t] for t in group], device, own_rows, own_cols)
+        if stats is not None:
+            stats["forward_tokens"] = stats.get("forward_tokens", 0) + len(group) * layers[0][0].shape[2]
+        for index, at, n in own_spans:
+            results[index] = own[at : at + n]
         # Each trace's probes are packed into rows of at most ``row_tokens`` (a probe takes its
         # length + 1); rows run in batches of at most ``max_probe_tokens`` positions.
         rows: list[tuple[int, list[int]]] = []
@@ -372,12 +394,22 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
         pad = torch.arange(offset, width)
         allowed[r, pad, context + pad] = True
     mask = torch.where(allowed, 0.0, neg)[:, None].to(device)
-    logits = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
-                   use_cache=False, **_cache_kwarg(model, cache)).logits
-    targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # next input of each position
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None].to(device))[..., 0].cpu()
-    if stats is not None:
-        stats["forward_tokens"] = stats.get("forward_tokens", 0) + R * width
+    # Only the scored tokens are read: position offset + j predicts the probe's token j.
+    score_rows, score_cols, spans = [], [], []
     for r, offset, index in layout:
         probe = probes[index]
-        results[index] = logprobs[r, offset + probe.scored_from : offset + len(probe.tokens)].float()
+        first, end = offset + probe.scored_from, offset + len(probe.tokens)
+        spans.append((index, len(score_cols), end - first))
+        score_rows.extend([r] * (end - first))
+        score_cols.extend(range(first, end))
+    score_rows_t, score_cols_t = torch.tensor(score_rows, dtype=torch.long), torch.tensor(score_cols, dtype=torch.long)
+    targets = input_ids[score_rows_t, score_cols_t + 1]
+    body = getattr(model, "get_decoder", lambda: model)() if splittable_head(model) else model
+    _, logprobs = scored_positions_forward(
+        model, score_rows_t.to(device), score_cols_t.to(device), targets.to(device), input_ids=input_ids.to(device),
+        position_ids=positions.to(device), attention_mask=mask, use_cache=False, **_cache_kwarg(body, cache))
+    logprobs = logprobs.cpu()
+    if stats is not None:
+        stats["forward_tokens"] = stats.get("forward_tokens", 0) + R * width
+    for index, at, n in spans:
+        results[index] = logprobs[at : at + n]
