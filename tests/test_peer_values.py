@@ -404,6 +404,28 @@ def test_gradient_x_input_matches_finite_differences(traces, policy, double_mode
             assert products[0][start:stop].sum().item() == pytest.approx(fd, rel=1e-2, abs=1e-5)
 
 
+def test_gradient_rows_batched_score_as_alone_and_skip_the_contexts_logits(traces, policy, double_model):
+    """Left-padded rows of different lengths give each row's numbers alone; the LM head runs from
+    the earliest answer's first prediction on, not over the contexts (a 152k vocabulary makes
+    those logits and their gradients the largest tensors of the pass)."""
+    from rredcot_cli.methods.gradient import embedding_grad_products
+
+    rows = [grad_row(traces, policy, i)[0] for i in range(len(traces[2]))]
+    assert len({len(r.ids) - r.answer_from for r in rows} | {len(r.ids) for r in rows}) > 1
+    head_positions = []
+    hook = double_model.lm_head.register_forward_hook(lambda m, args, out: head_positions.append(args[0].shape[1]))
+    try:
+        lp_all, products_all = embedding_grad_products(double_model, rows)
+    finally:
+        hook.remove()
+    width = max(len(r.ids) for r in rows)
+    assert head_positions == [max(len(r.ids) - r.answer_from for r in rows) + 1] and head_positions[0] < width
+    for r, row in enumerate(rows):
+        lp, products = embedding_grad_products(double_model, [row])
+        assert lp_all[r].item() == pytest.approx(lp[0].item(), rel=1e-5, abs=1e-6)
+        assert torch.allclose(products_all[r], products[0], rtol=1e-4, atol=1e-6)
+
+
 class SmoothToyLM(torch.nn.Module):
     """A hand-built causal LM, smooth along IG's path: logits_t = W tanh(sum_{u<=t} x_u)."""
 

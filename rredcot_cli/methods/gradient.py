@@ -33,6 +33,7 @@ respect to the input embeddings only (no parameter gradients are stored).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,17 +108,24 @@ def embedding_grad_products(model: torch.nn.Module, rows: list[GradRow], *, devi
         scale[r, a0:a1] = row.alpha if scales is None else scales[r].to(scale.dtype)
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(1) - 1).clamp(min=0)
+    # Token j is predicted at position j - 1, and only the answers' tokens are scored: the logits
+    # start at the earliest answer's first prediction (rows are left-padded, answers at the end),
+    # so the LM head and softmax skip the contexts (at a 152k vocabulary, their (rows, width, V)
+    # logits and gradients would dwarf the rest).
+    first = min(pad[r] + row.answer_from - 1 for r, row in enumerate(rows))
+    keep_last = {"logits_to_keep": width - first} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.enable_grad():
         e = embed(input_ids).detach()
         x = (e * scale.to(device=device, dtype=e.dtype)[..., None]).requires_grad_(True)
-        logits = model(inputs_embeds=x, attention_mask=attention, position_ids=positions, use_cache=False).logits
+        logits = model(inputs_embeds=x, attention_mask=attention, position_ids=positions, use_cache=False,
+                       **keep_last).logits
+        logits = logits[:, logits.shape[1] - (width - first) : -1]  # positions first .. width - 2
         # At least float32 for the softmax (half-precision models), float64 models stay float64.
-        logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
-        # Token j is predicted at position j - 1; keep the answer's tokens only.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, first + 1 :, None])[..., 0]
         keep = torch.zeros_like(logprobs, dtype=torch.bool)
         for r, row in enumerate(rows):
-            keep[r, pad[r] + row.answer_from - 1 :] = True
+            keep[r, pad[r] + row.answer_from - 1 - first :] = True
         lp = (logprobs * keep).sum(1)
         (grad,) = torch.autograd.grad(lp.sum(), x)  # rows are independent: row r's grad is d lp_r / d x_r
     products = (grad.float() * e.float()).sum(-1).detach().cpu()
