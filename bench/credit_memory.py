@@ -27,14 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from memory import _proc_status  # bench/memory.py: a /proc/self/status field in bytes
+
 HERE = Path(__file__).resolve().parent
-
-
-def _proc_status(field_name: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field_name)
 
 
 def main() -> None:
