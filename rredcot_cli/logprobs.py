@@ -203,7 +203,7 @@ _HEAD_CHUNK_ELEMENTS = 1 << 26
 
 
 def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
-                             **inputs):
+                             cache=None, **inputs):
     """One no-grad forward ``model(**inputs)`` that scores only the positions it is asked for.
 
     ``rows``, ``cols`` (N,) index the (batch, sequence) positions whose next-token log-prob is
@@ -212,13 +212,16 @@ def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: t
     of the last hidden state (``splittable_head``), the head and softmax run over those N
     positions only, a chunk of rows at a time: with a 152k vocabulary, full ``(B, T, V)`` logits of
     a probe batch would be tens of GB (and the head a third of a 0.5B model's work), while the
-    scorers need a few positions per probe. Other models take one full pass, indexed after."""
+    scorers need a few positions per probe. Other models take one full pass, indexed after.
+    ``cache`` (a transformers cache) is passed under the keyword the called module takes."""
+    from rredcot_cli.kvcache import cache_kwarg
+
     split = splittable_head(model)
     if split is None:
-        out = model(**inputs)
+        out = model(**inputs, **(cache_kwarg(model, cache) if cache is not None else {}))
         return out, token_logprobs(out.logits[rows, cols], targets)[0]
     body, head = split
-    out = body(**inputs)
+    out = body(**inputs, **(cache_kwarg(body, cache) if cache is not None else {}))
     hidden = out.last_hidden_state[rows, cols]  # (N, H)
     chunk = max(1, _HEAD_CHUNK_ELEMENTS // head.weight.shape[0])  # rows of (rows, vocabulary) logits
     pieces = [token_logprobs(head(hidden[start : start + chunk]), targets[start : start + chunk])[0]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rredcot_cli.logprobs import scored_positions_forward, splittable_head
+from rredcot_cli.logprobs import scored_positions_forward
 
 
 @dataclass(frozen=True)
@@ -216,14 +216,6 @@ def unpacked_probe_logprobs(model: torch.nn.Module, traces: list[list[int]], pro
     return out
 
 
-def _cache_kwarg(model: torch.nn.Module, cache) -> dict:
-    """transformers renamed ``past_key_values`` to ``cache`` (5.2x); pass it under the name the
-    installed version takes."""
-    import inspect
-
-    return {"cache": cache} if "cache" in inspect.signature(model.forward).parameters else {"past_key_values": cache}
-
-
 def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str, rows: list[int], cols: list[int]):
     """One causal pass over the right-padded traces.
 
@@ -244,10 +236,9 @@ def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str,
     unique, inverse = torch.unique(rows_t * T + cols_t, return_inverse=True)
     at_rows, at_cols = unique // T, unique % T
     targets = input_ids[at_rows, at_cols + 1]
-    body = getattr(model, "get_decoder", lambda: model)() if splittable_head(model) else model
     out, logprobs = scored_positions_forward(
-        model, at_rows.to(device), at_cols.to(device), targets.to(device), input_ids=input_ids.to(device),
-        attention_mask=attention.to(device), use_cache=True, **_cache_kwarg(body, DynamicCache()))
+        model, at_rows.to(device), at_cols.to(device), targets.to(device), cache=DynamicCache(),
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), use_cache=True)
     cache = out.cache if "cache" in out else out.past_key_values
     layers = [(layer.keys, layer.values) for layer in cache.layers]
     return layers, logprobs.cpu()[inverse]
@@ -404,10 +395,9 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
         score_cols.extend(range(first, end))
     score_rows_t, score_cols_t = torch.tensor(score_rows, dtype=torch.long), torch.tensor(score_cols, dtype=torch.long)
     targets = input_ids[score_rows_t, score_cols_t + 1]
-    body = getattr(model, "get_decoder", lambda: model)() if splittable_head(model) else model
     _, logprobs = scored_positions_forward(
-        model, score_rows_t.to(device), score_cols_t.to(device), targets.to(device), input_ids=input_ids.to(device),
-        position_ids=positions.to(device), attention_mask=mask, use_cache=False, **_cache_kwarg(body, cache))
+        model, score_rows_t.to(device), score_cols_t.to(device), targets.to(device), cache=cache,
+        input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask, use_cache=False)
     logprobs = logprobs.cpu()
     if stats is not None:
         stats["forward_tokens"] = stats.get("forward_tokens", 0) + R * width
