@@ -334,7 +334,11 @@ def read_artifact(kind: str, path: str | Path) -> pa.Table:
     if not path.is_file():
         raise ArtifactError(f"{path} is not a file; expected a {kind} Parquet file ({spec.file_name})")
     try:
-        table = pq.read_table(path)
+        # One open file: by path, pyarrow opens the file more than once (footer, then pages), so
+        # a writer's atomic replace between the opens (train's live metrics.parquet) reads as a
+        # torn file. The handle pins one version.
+        with open(path, "rb") as file:
+            table = pq.read_table(file)
         names = table.schema.names  # decoding them fails on a damaged footer
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path} is not a readable Parquet file ({one_line(e)})") from e

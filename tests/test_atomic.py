@@ -135,3 +135,31 @@ def _cfg(run_dir):
 
     return OmegaConf.create({"run": {"dir": str(run_dir), "tag": None}, "method": {"name": "grpo"},
                              "inputs": {"samples": None}})
+
+
+def test_a_reader_never_sees_a_torn_file_while_a_writer_replaces_it(tmp_path):
+    """Train rewrites metrics.parquet after every step while users and tests poll it. pyarrow
+    opens a path more than once per read (footer, then pages), so reading by path across an
+    atomic replace mixed two versions (CI saw "Page was smaller than expected"); read_artifact
+    reads through one open handle. Hundreds of reads against a writer that never pauses: the old
+    reader failed most of them."""
+    import threading
+
+    path = tmp_path / "samples.parquet"
+    write_artifact("samples", [ROW], path)
+    done = threading.Event()
+
+    def keep_replacing():
+        n = 1
+        while not done.is_set():
+            n = n % 40 + 1
+            write_artifact("samples", [{**ROW, "sample_idx": i} for i in range(n)], path)
+
+    writer = threading.Thread(target=keep_replacing)
+    writer.start()
+    try:
+        counts = [read_artifact("samples", path).num_rows for _ in range(300)]
+    finally:
+        done.set()
+        writer.join()
+    assert set(counts) - {1} and all(1 <= n <= 40 for n in counts)  # it read while the file changed

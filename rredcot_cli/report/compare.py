@@ -256,7 +256,8 @@ def _credit_quality_tables(run_dir: Path) -> list[tuple[str, Any]]:
     tables = []
     for file in files:
         try:
-            tables.append((file.relative_to(run_dir).as_posix(), pq.read_table(file)))
+            with open(file, "rb") as handle:  # one open: a judge rewriting it mid-read cannot tear it
+                tables.append((file.relative_to(run_dir).as_posix(), pq.read_table(handle)))
         except (pa.ArrowException, OSError) as e:
             raise ArtifactError(f"{file} is not a readable Parquet file ({e})") from e
     return tables
