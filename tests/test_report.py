@@ -273,6 +273,24 @@ def test_an_option_older_runs_lack_has_its_default(tmp_path):
     assert labels == {"grpo": [0, 1], "dapo · train.dynamic_sampling=True": [0]}
 
 
+def test_a_method_option_older_runs_lack_has_the_value_they_ran_with(tmp_path):
+    """rredcot's window was in tokens before is_window_unit existed (segments is today's default):
+    a run without the key groups with runs that say tokens, apart from runs in segments."""
+    window = {"method.value": "suffix_is", "method.is_window": 64}
+    runs = [
+        write_run(tmp_path / "old", "rredcot", 0, {0: 0.5, 1: 0.5}, EVAL_ROWS, config_extra=window),
+        write_run(tmp_path / "new", "rredcot", 1, {0: 0.5, 1: 0.6}, EVAL_ROWS,
+                  config_extra={**window, "method.is_window_unit": "tokens"}),
+        write_run(tmp_path / "seg", "rredcot", 0, {0: 0.5, 1: 0.6}, EVAL_ROWS,
+                  config_extra={"method.value": "suffix_is", "method.is_window": 1, "method.is_window_unit": "segments"}),
+    ]
+    labels = {g.label: [r.seed for r in g.runs] for g in build_report(runs).groups}
+    assert labels == {
+        "rredcot · method.is_window=64 · method.is_window_unit=tokens": [0, 1],
+        "rredcot · method.is_window=1 · method.is_window_unit=segments": [0],
+    }
+
+
 def test_credit_quality_table_when_a_run_has_one(tmp_path):
     import pyarrow as pa
 

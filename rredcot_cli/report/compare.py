@@ -369,13 +369,24 @@ def _schema_defaults(groups: Sequence[str]) -> dict[str, Any]:
     return _config_leaves(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), groups)
 
 
+# Method options added after runs were made without them, with the value those runs ran with
+# (not today's default where the default changed with the option): rredcot's window was counted in
+# tokens until is_window_unit arrived; segments became the default later.
+METHOD_OPTIONS_ADDED_LATER = {"rredcot": {"method.is_window_unit": "tokens"}}
+
+
+def _method_leaves(r: RunResult) -> dict[str, Any]:
+    return {**METHOD_OPTIONS_ADDED_LATER.get(r.method, {}), **_config_leaves(r.config, ["method"])}
+
+
 def assign_labels(results: Sequence[RunResult]) -> None:
     """Label each run ``method`` plus the options that set it apart (``rredcot · segment.name=fixed``).
 
     Non-method options count when they differ anywhere in the set (an option missing from an older
     run's config has its default); a run's label shows those where it is not at the default, or
     where no run is. ``method.*`` parameters count when they differ between runs of the same
-    method (methods have different parameters anyway) and are always shown.
+    method (methods have different parameters anyway) and are always shown; a method option an
+    older run lacks has the value it ran with (``METHOD_OPTIONS_ADDED_LATER``).
     """
     others = [g for g in GROUPING_KEYS if g != "method"]
     defaults = _schema_defaults(others)
@@ -389,9 +400,9 @@ def assign_labels(results: Sequence[RunResult]) -> None:
     by_method: dict[str, set[str]] = {}
     for method in {r.method for r in results}:
         same_method = [r for r in results if r.method == method]
-        by_method[method] = _varying(same_method, lambda r: _config_leaves(r.config, ["method"])) - {"method.name"}
+        by_method[method] = _varying(same_method, _method_leaves) - {"method.name"}
     for r in results:
-        method_leaves = _config_leaves(r.config, ["method"])
+        method_leaves = _method_leaves(r)
         leaves = shared_leaves(r)
         shown = [(k, method_leaves[k]) for k in sorted(by_method[r.method] & set(method_leaves))]
         shown += [(k, leaves[k]) for k in sorted(shared & set(leaves))
