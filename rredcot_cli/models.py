@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from pathlib import Path
 
 import torch
@@ -128,10 +129,15 @@ def shipped_model_dir(name: str) -> Path | None:
 
 
 def resolve_model_path(path: str) -> str:
-    """A shipped model's name (``embedded``, ``tiny-chain``) -> its folder in the package;
-    anything else (a folder, a hub id) unchanged."""
+    """A shipped model's name (``embedded``, ``tiny-chain``) -> its folder in the package; a GGUF
+    file or ``pkg://DIST/FILE.gguf`` -> its converted HF folder (``model_files``, converted on
+    first use); anything else (a folder, a hub id) unchanged."""
+    from rredcot_cli.model_files import resolve_source
+
     shipped = shipped_model_dir(path)
-    return str(shipped) if shipped is not None else path
+    if shipped is not None:
+        return str(shipped)
+    return resolve_source(path, on_progress=lambda message: print(message, file=sys.stderr, flush=True))
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -46,7 +46,7 @@ def load_policy(
     model_path: str,
     dtype: str,
     trust_remote_code: bool,
-    chat_template: bool,
+    chat_template: Any,
     backend: str,
     device: str,
     batch_size: int,
@@ -86,6 +86,7 @@ def load_policy(
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RredcotError(f"cannot load model.path={model_path}: {first_line} (pass a local HF model folder, "
                            f"a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id)") from error
+    chat_template = resolve_chat_template(tokenizer, chat_template, model_path)
     if backend == "hf":
         from rredcot_cli.backends.hf import HFBackend
 
@@ -111,6 +112,28 @@ def load_policy(
             sleep_mode=sleep_mode,
         )
     return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
+
+
+CHAT_TEMPLATE_CHOICES = ("auto", True, False)
+
+
+def resolve_chat_template(tokenizer: Any, chat_template: Any, model_path: str) -> bool:
+    """``model.chat_template``: ``auto`` (the default) is on exactly when the tokenizer has a chat
+    template, so an instruct model gets the prompt format it was tuned on and a base model or the
+    embedded one plain text; ``true`` on a tokenizer without one is refused in one line."""
+    from rredcot_cli.errors import RredcotError
+
+    if isinstance(chat_template, str) and chat_template.lower() in ("true", "false"):
+        chat_template = chat_template.lower() == "true"
+    if chat_template not in CHAT_TEMPLATE_CHOICES:
+        raise RredcotError(f"model.chat_template={chat_template}: unknown; valid: auto, true, false")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat_template == "auto":
+        return has_template
+    if chat_template and not has_template:
+        raise RredcotError(f"model.chat_template=true, but the tokenizer of model.path={model_path} has no chat "
+                           "template; use model.chat_template=auto or false (plain-text prompts)")
+    return bool(chat_template)
 
 
 def format_prompt(tokenizer: Any, text: str, chat_template: bool) -> str:

@@ -38,16 +38,20 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     name: str = "tiny"
-    # "embedded" is the tiny model shipped inside the package; anything else is an HF hub id or a
-    # local folder in HF format (a checkpoint written by `rredcot train` is one).
+    # "embedded" is the tiny model shipped inside the package; FILE.gguf, a llama.cpp file converted
+    # once into a cached HF folder (rredcot_cli/model_files.py); pkg://DIST/FILE, a file shipped in
+    # an installed package; anything else is an HF hub id or a local folder in HF format (a
+    # checkpoint written by `rredcot train` is one).
     path: str = "embedded"
     # The dtype the model computes in: the vLLM engine, HF sampling and scoring, and the autocast
     # dtype of training. The trained weights follow train.precision (float32 master weights under
     # the default mixed precision) and checkpoints are written back in this dtype.
     dtype: str = "float32"
     trust_remote_code: bool = False
-    # Prepend the tokenizer's chat template to prompts (real instruct models).
-    chat_template: bool = False
+    # Wrap prompts in the tokenizer's chat template: auto (on exactly when the tokenizer has one:
+    # instruct models yes, base models and the embedded one no) | true (refused in one line when the
+    # tokenizer has none) | false (plain-text prompts, e.g. a base model whose tokenizer has one).
+    chat_template: Any = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
