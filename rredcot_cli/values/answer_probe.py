@@ -29,8 +29,20 @@ class Candidate:
 
 
 def probe_tokens(tokenizer, template: str, answer: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Split ``template`` at ``{answer}`` into the unscored context and the scored answer part;
-    ``{eos}`` stands for the tokenizer's EOS token."""
+    """Split ``template`` with ``answer`` filled in into the unscored context and the scored answer
+    part; ``{eos}`` stands for the tokenizer's EOS token.
+
+    The filled-in text head + answer + tail (head/tail: the template before/after ``{answer}``) is
+    tokenised as one string, the way the model would read it, and the context is the longest common
+    token prefix of that joint tokenisation and the head's own; the scored part is the rest of the
+    joint tokens (the rule lm-evaluation-harness uses for context/continuation). Tokenising head and
+    answer apart and concatenating the ids would score a token sequence the tokenizer never makes
+    wherever a BPE merges across the join: "is " + "-3" gives ' ', '-', '3' where the text reads
+    ' -', '3', and P(answer) falls by orders of magnitude. With this rule a space (or any head
+    character) the BPE merges into the answer's first token is scored with it. A tokenizer that
+    never merges across the join (e.g. one token per character) gets the head's tokens as the
+    context and the answer + tail tokens as the scored part, as with separate tokenisation.
+    ``{eos}`` is never merged: the text around it is tokenised piece by piece, EOS ids between."""
     if "{answer}" not in template:
         raise ValueError(f"answer probe template {template!r} has no {{answer}} placeholder")
     head, tail = template.split("{answer}", 1)
@@ -44,7 +56,11 @@ def probe_tokens(tokenizer, template: str, answer: str) -> tuple[tuple[int, ...]
                 ids.extend(tokenizer(part, add_special_tokens=False)["input_ids"])
         return ids
 
-    return tuple(encode(head)), tuple(encode(answer + tail))
+    head_ids, joint = encode(head), encode(head + answer + tail)
+    shared = 0
+    while shared < min(len(head_ids), len(joint)) and head_ids[shared] == joint[shared]:
+        shared += 1
+    return tuple(joint[:shared]), tuple(joint[shared:])
 
 
 def answer_probe_values(
