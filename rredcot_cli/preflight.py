@@ -29,7 +29,7 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model")
 MODEL_FIX = ("pass a Hugging Face model folder (config.json, weights, tokenizer), a checkpoint such as "
-             "runs/<run>/train/checkpoints/final, or a hub id")
+             "runs/<run>/train/checkpoints/final, a GGUF file, or a hub id")
 
 # What each stage reads: the artifacts (made by earlier stages) and whether it loads model.path.
 STAGE_INPUTS = {
@@ -38,6 +38,7 @@ STAGE_INPUTS = {
     "heatmap": ("samples", "segments", "credits", "advantages"),
     "judge": ("samples", "segments"),
 }
+METHOD_STAGES = ("attribute", "train", "judge")  # the stages that run cfg.method
 BENCHMARK_SPLITS = {  # stage -> the config keys naming the splits it reads
     "sample": ("sample.split",),
     "eval": ("eval.split",),
@@ -56,6 +57,8 @@ def check(stage: str, cfg: DictConfig) -> None:
         _check_critic_init(stage, cfg)
     if stage in BENCHMARK_SPLITS:
         check_benchmark(cfg, [_select(cfg, key) for key in BENCHMARK_SPLITS[stage]])
+    if stage in METHOD_STAGES:
+        check_forced_answer(cfg)
     for artifact in STAGE_INPUTS.get(stage, ()):
         check_not_empty(stage, cfg, artifact)
 
@@ -100,10 +103,22 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
     """``ConfigError`` when ``path`` is a local folder that holds no loadable model (config.json,
     weights unless ``weights`` is False, a tokenizer), a file, or a local-looking path that does
     not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain``) pass (the loader reports what is wrong with them)."""
+    from rredcot_cli.model_files import is_gguf, is_package_file, package_file
     from rredcot_cli.models import shipped_model_dir
 
     if shipped_model_dir(path) is not None:
         return
+    if is_package_file(path):
+        path = str(package_file(path, key))  # one line with the install command when it is absent
+    if is_gguf(path):
+        if not Path(path).expanduser().is_file():
+            raise ConfigError(f"{key}={path}: no such GGUF file; {MODEL_FIX}")
+        import importlib.util
+
+        if importlib.util.find_spec("gguf") is None:
+            raise ConfigError(f"{key}={path}: reading a GGUF file needs the gguf package; install it with "
+                              "`pip install 'rredcot[gguf]'` (or `pip install gguf`)")
+        return  # converted into a cached HF folder when the stage loads it (model_files.py)
     folder = Path(path).expanduser()
     if not folder.exists():
         if _looks_local(path):
@@ -124,6 +139,28 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
         if nested:
             hint = f" (a model is in {nested[0]}: pass that folder)"
         raise ConfigError(f"{key}={path}: no model in this folder: it has no {', no '.join(missing)}{hint}; {MODEL_FIX}")
+
+
+def check_forced_answer(cfg: DictConfig) -> None:
+    """A method that scores a forced answer (rredcot with value=answer_probe, delta_belief, loo,
+    gradient) needs a template: method.probe_template or the benchmark's ANSWER_PROBE (none for
+    benchmark=jsonl with extractor=regex or none, whose answers have no fixed wording)."""
+    from omegaconf import OmegaConf
+
+    from rredcot_cli.stages.common import make_benchmark, method_and_params
+
+    spec, params = method_and_params(cfg)
+    if not spec.scores_forced_answer(params) or params.get("probe_template"):
+        return
+    if getattr(make_benchmark(cfg), "ANSWER_PROBE", None):
+        return
+    value = " with method.value=answer_probe" if "value" in params else ""
+    extractor = OmegaConf.select(cfg, "benchmark.extractor")
+    where = f"benchmark={cfg.benchmark.name} with benchmark.extractor={extractor}" if cfg.benchmark.name == "jsonl" \
+        else f"benchmark={cfg.benchmark.name}"
+    raise ConfigError(f"method={spec.name}{value} scores a forced answer, but {where} has no answer probe; set "
+                      "method.probe_template='...{answer}...' (text after which the answer is read, e.g. "
+                      "'\\nThe final answer is {answer}') or choose another method or extractor")
 
 
 def _check_critic_init(stage: str, cfg: DictConfig) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from rredcot_cli.backends.base import SamplingParams
-from rredcot_cli.benchmarks.base import Benchmark, Problem
+from rredcot_cli.benchmarks.base import Benchmark, Problem, grade_completion
 from rredcot_cli.methods import MethodSpec
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.runs import derive_seed
@@ -173,6 +173,10 @@ def sample_rows(
 ) -> list[dict]:
     """G=n completions per problem, verified; one row per completion in the samples schema.
 
+    ``reward`` and ``pred_answer`` come from one ``grade_completion`` call (the graded answer is
+    the recorded one), which also applies the benchmark's rule for completions cut off at
+    ``max_new_tokens`` (``finish_reason == "length"``).
+
     Problems are generated in chunks of ``prompts_per_call`` with seeds derived from ``seed`` and
     the chunk index, so results do not depend on how often the progress bar refreshes, nor on
     which process generates a chunk: ``map_chunks(fn, chunks)`` (default: in order, here) returns
@@ -186,7 +190,8 @@ def sample_rows(
         rows: list[dict] = []
         for problem, prompt, ids, completions in zip(chunk, prompts, prompt_ids, groups):
             for sample_idx, completion in enumerate(completions):
-                reward = benchmark.verify(completion.text, problem)
+                # One extraction: the answer recorded is the answer graded (truncation-aware).
+                pred_answer, reward = grade_completion(benchmark, completion.text, problem, completion.finish_reason)
                 rows.append(
                     {
                         "prompt_id": problem.prompt_id,
@@ -199,7 +204,7 @@ def sample_rows(
                         "reward": 0.0 if reward is None else float(reward),
                         "scorable": reward is not None,
                         "gold_answer": problem.gold_answer,
-                        "pred_answer": benchmark.extract_answer(completion.text),
+                        "pred_answer": pred_answer,
                         "benchmark": benchmark.name,
                         "finish_reason": completion.finish_reason,
                         "num_tokens": len(completion.token_ids),
@@ -217,13 +222,19 @@ def sample_rows(
 
 def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 32) -> list[list[float]]:
     """Next-token entropy at every completion token, from one teacher-forced pass of the HF copy
-    of the policy (vLLM only returns top-k log-probs, which would underestimate entropy)."""
-    from rredcot_cli.update import chunked_completion_logprobs
+    of the policy (vLLM only returns top-k log-probs, which would underestimate entropy).
+
+    The LM head, log-softmax and entropy run over the real completion positions only,
+    ``logprobs.head_chunk_rows`` of them at a time: (rows, positions, vocabulary) logits of a pass
+    held 7.3 GB at SmolLM2's 49k vocabulary for 32 completions of 200 tokens."""
+    from rredcot_cli.logprobs import head_chunk_rows
+    from rredcot_cli.update import ForwardPass, chunked_completion_logprobs
 
     prompts = [list(s["prompt_token_ids"]) for s in samples]
     completions = [list(s["completion_token_ids"]) for s in samples]
+    forward = ForwardPass(chunk_tokens=head_chunk_rows(policy.model))
     _, _, entropies = chunked_completion_logprobs(policy.model, prompts, completions, policy.tokenizer.pad_token_id,
-                                                  chunk_size)
+                                                  chunk_size, forward)
     return [entropies[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
 
@@ -358,6 +369,7 @@ def eval_rows(samples: list[dict], model_name: str) -> list[dict]:
                 "steps": steps,
                 "benchmark": s["benchmark"],
                 "model": model_name,
+                "finish_reason": s["finish_reason"],
             }
         )
     return rows

@@ -222,7 +222,7 @@ def test_a_path_without_a_model_fails_in_one_line(tmp_path, stage, case):
     assert code == 2
     line = one_error_line(stderr)
     assert line.startswith(f"error: model.path={path}") and fragment in line, line
-    assert "a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id" in line
+    assert "a checkpoint such as runs/<run>/train/checkpoints/final, a GGUF file, or a hub id" in line
     assert not run.exists()
 
 

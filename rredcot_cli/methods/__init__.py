@@ -27,9 +27,16 @@ class MethodSpec:
     # Meaningful range of each numeric parameter, as in rredcot_cli.schema.RANGES ("> 0",
     # "[0, 1)", ...); checked when the config is composed (method.<param>=value).
     ranges: dict[str, str] = field(default_factory=dict)
+    # Whether the method, with these hyper-parameters (a dict of its params), scores a forced answer
+    # ("The final answer is {answer}") and so needs the benchmark's ANSWER_PROBE or
+    # method.probe_template; checked before a stage makes its folder (preflight).
+    forced_answer: Callable[[dict], bool] | None = None
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
+
+    def scores_forced_answer(self, params: dict) -> bool:
+        return self.forced_answer is not None and bool(self.forced_answer(params))
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -37,15 +44,16 @@ _NOT_METHOD_MODULES = {"base"}
 
 
 def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False,
-             ranges: dict[str, str] | None = None) -> Callable:
+             ranges: dict[str, str] | None = None, forced_answer: Callable[[dict], bool] | None = None) -> Callable:
     """Register ``fn`` as credit method ``name``; ``ranges`` gives each numeric parameter of
-    ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.schema.RANGES``)."""
+    ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.schema.RANGES``);
+    ``forced_answer(params)`` says whether it scores a forced answer (``MethodSpec``)."""
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"credit method {name!r} is registered twice")
         _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide,
-                                     ranges=dict(ranges or {}))
+                                     ranges=dict(ranges or {}), forced_answer=forced_answer)
         return fn
 
     return decorator

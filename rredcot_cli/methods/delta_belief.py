@@ -225,7 +225,8 @@ def log_beliefs(batch: CreditBatch, policy, *, template: str, agg: str, targets:
     return out
 
 
-@register("delta_belief", params=DeltaBeliefParams, ranges=DELTA_BELIEF_RANGES, needs=("policy",))
+@register("delta_belief", params=DeltaBeliefParams, ranges=DELTA_BELIEF_RANGES, needs=("policy",),
+          forced_answer=lambda params: True)
 def delta_belief(batch: CreditBatch, *, policy, lam: float, shaping: str, clip_min: float, clip_max: float, tau: float,
                  agg: str, targets: str, final_segment: str, missing_segments: str, segment_penalty: float,
                  scale_by_std: bool, eps: float, probe_template: Optional[str], probe_scoring: str) -> Credit:

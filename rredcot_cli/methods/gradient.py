@@ -191,7 +191,8 @@ def gradient_attributions(model, prompts: list[list[int]], completions: list[lis
     return out
 
 
-@register("gradient", params=GradientParams, ranges=GRADIENT_RANGES, needs=("policy",))
+@register("gradient", params=GradientParams, ranges=GRADIENT_RANGES, needs=("policy",),
+          forced_answer=lambda params: True)
 def gradient(batch: CreditBatch, *, policy, ig_steps: int, score: str, answer_segment: str,
              probe_template: Optional[str], beta: float, w_min: float, w_max: float, eps: float,
              rows_per_forward: int) -> Credit:

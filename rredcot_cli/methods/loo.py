@@ -120,7 +120,7 @@ def loo_scores(model, prompts: list[list[int]], completions: list[list[int]], sp
     return combined[:, 0], combined[:, 1:]
 
 
-@register("loo", params=LOOParams, ranges=LOO_RANGES, needs=("policy",))
+@register("loo", params=LOOParams, ranges=LOO_RANGES, needs=("policy",), forced_answer=lambda params: True)
 def loo(batch: CreditBatch, *, policy, score: str, answer_segment: str, probe_template: Optional[str], beta: float,
         w_min: float, w_max: float, eps: float) -> Credit:
     """Leave-one-segment-out attributions of the forced answer, then the shared weight map.

@@ -144,7 +144,8 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
     return ends
 
 
-@register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",))
+@register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",),
+          forced_answer=lambda params: params.get("value") == "answer_probe")
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
             is_self_normalised: bool, is_window: int, is_window_unit: str, is_clip: float,
