@@ -109,6 +109,8 @@ EVAL = pa.schema(
         _field("steps", pa.int32(), nullable=True),  # chain length (synthetic benchmarks)
         _field("benchmark", pa.string()),
         _field("model", pa.string()),
+        # "stop" | "length" (cut off at the token budget); null in eval files written before it
+        _added_field("finish_reason", pa.string()),
     ]
 )
 

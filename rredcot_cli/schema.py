@@ -113,6 +113,10 @@ class BenchmarkConfig:
     answer_regex: Optional[str] = None
     verifier: str = "math_verify"
     tolerance: float = 1e-6
+    # gsm8k, and jsonl with extractor=last_number: a completion cut off at the token budget
+    # (finish_reason "length") is scored only from an explicit final-answer marker (\boxed{},
+    # "####", "The final answer is"); true gives it the last-number fallback too (the old rule).
+    truncated_last_number: bool = False
     # Keyword arguments for a user benchmark's constructor (docs/extending.md).
     options: Dict[str, Any] = field(default_factory=dict)
 

@@ -1,7 +1,10 @@
 """Math answer checking with math-verify, under a hard time limit.
 
 ``math_equal(gold, pred_text, timeout_s)`` is the one function the real benchmarks (GSM8K,
-MATH-500) call, for both the training reward and the eval metric. It
+MATH-500, ``jsonl`` with ``verifier=math_verify``) call, for both the training reward and the
+eval metric. They pass the answer their ``extract_answer`` found, as ``\\boxed{answer}``, so
+math-verify compares that answer and never runs its own extraction over a whole completion (which
+picks e.g. the 12 of "the answer:\\n12 - 5 = 6" where the benchmark records 6). It
 
 1. parses the gold answer first, wrapped in ``\\boxed{...}`` unless it already holds a ``\\boxed``
    or ``$``, with ``LatexExtractionConfig()`` + ``ExprExtractionConfig()``;

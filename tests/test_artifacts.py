@@ -38,9 +38,9 @@ ROWS = {
     ],
     "eval": [
         dict(prompt_id="p", sample_idx=0, completion="x", num_tokens=1, pred_answer="7", gold_answer="7",
-             correct=True, scorable=True, steps=4, benchmark="chain", model="tiny"),
+             correct=True, scorable=True, steps=4, benchmark="chain", model="tiny", finish_reason="stop"),
         dict(prompt_id="p", sample_idx=1, completion="y", num_tokens=1, pred_answer=None, gold_answer="7",
-             correct=False, scorable=True, steps=None, benchmark="gsm8k", model="tiny"),
+             correct=False, scorable=True, steps=None, benchmark="gsm8k", model="tiny", finish_reason="length"),
     ],
     "train_metrics": [
         dict(step=0, reward_mean=0.5, accuracy=0.5, loss=0.25, kl=0.0, entropy=1.5, clip_fraction=0.0,

@@ -1,5 +1,13 @@
 """What the real math benchmarks share: the verl-style ``\\boxed{}`` prompt, the forced-answer
-probe, and math-verify checking under a timeout. Subclasses only load their rows."""
+probe, and math-verify checking under a timeout. Subclasses load their rows (and GSM8K widens
+``extract_answer``).
+
+One extraction: ``verify`` grades the answer ``extract_answer`` returns, wrapped as
+``\\boxed{answer}`` for math-verify, and nothing else; math-verify is never handed the whole
+completion, whose own extraction (it favours phrases such as "the answer: 12" over the last
+number) would grade another answer than the one recorded in ``pred_answer`` and voted on by
+maj@k. No answer scores 0.0.
+"""
 
 from __future__ import annotations
 
@@ -23,13 +31,21 @@ class BoxedMathBenchmark:
         """The question followed by the step-by-step / ``\\boxed{}`` instruction."""
         return self.PROMPT_TEMPLATE.format(question=problem.question)
 
-    def extract_answer(self, completion: str) -> str | None:
-        """The content of the last ``\\boxed{}``, or None."""
+    def extract_answer(self, completion: str, truncated: bool = False) -> str | None:
+        """The content of the last ``\\boxed{}``, or None. ``\\boxed{}`` is an explicit marker, so a
+        truncated completion (``truncated``) is read the same way."""
         return extract_boxed(completion)
 
-    def verify(self, completion: str, problem: Problem) -> float | None:
-        """1.0 / 0.0 from math-verify against the gold answer; None if the check timed out or failed."""
-        result = math_equal(problem.gold_answer, completion, timeout_s=self.verify_timeout_s)
+    def verify_answer(self, answer: str | None, problem: Problem) -> float | None:
+        """1.0 / 0.0 from math-verify for an extracted ``answer`` against the gold (0.0 for None);
+        None if the check timed out or failed."""
+        if answer is None:
+            return 0.0
+        result = math_equal(problem.gold_answer, "\\boxed{" + answer + "}", timeout_s=self.verify_timeout_s)
         if result is None:
             return None
         return 1.0 if result else 0.0
+
+    def verify(self, completion: str, problem: Problem, truncated: bool = False) -> float | None:
+        """``verify_answer(extract_answer(completion, truncated), problem)``."""
+        return self.verify_answer(self.extract_answer(completion, truncated=truncated), problem)

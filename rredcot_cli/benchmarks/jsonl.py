@@ -24,7 +24,16 @@ verifier            1.0 when
 ``pkg.mod:fn``      ``fn(answer, gold)`` returns a true value or a number (None: unscorable)
 ==================  ==============================================================================
 
-A completion from which the extractor gets nothing scores 0.0.
+A completion from which the extractor gets nothing scores 0.0. The verifier grades exactly the
+extracted answer (``verify_answer``), which is also what samples and eval rows record as
+``pred_answer``.
+
+A completion cut off at the token budget (``finish_reason == "length"``) has not stated a final
+answer, so ``last_number`` does not fall back to its last number: it takes only a number the
+completion marked as final (the last ``\\boxed{}``, ``####``, ``final answer is``), else nothing.
+``truncated_last_number=True`` (``benchmark.truncated_last_number``) restores the plain last
+number. ``boxed``, ``regex`` and ``none`` read a truncated completion as any other: their match
+is already the explicit answer.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ class JSONLBenchmark:
         answer_regex: str | None = None,
         verifier: str = "math_verify",
         tolerance: float = 1e-6,
+        truncated_last_number: bool = False,
     ) -> None:
         if extractor not in EXTRACTORS:
             raise RredcotError(f"benchmark.extractor={extractor}: expected one of {', '.join(EXTRACTORS)}")
@@ -81,6 +91,7 @@ class JSONLBenchmark:
         self.verify_timeout_s = verify_timeout_s
         self.question_field, self.answer_field, self.id_field = question_field, answer_field, id_field
         self.extractor, self.verifier, self.tolerance = extractor, verifier, tolerance
+        self.truncated_last_number = truncated_last_number
         # Only {question} is replaced, so a template may hold braces (\boxed{}) as they are.
         self.prompt_template = prompt_template or BoxedMathBenchmark.PROMPT_TEMPLATE.format(question="{question}")
         if "{question}" not in self.prompt_template:
@@ -131,12 +142,19 @@ class JSONLBenchmark:
     def prompt(self, problem: Problem) -> str:
         return self.prompt_template.replace("{question}", problem.question)
 
-    def extract_answer(self, completion: str) -> str | None:
+    def extract_answer(self, completion: str, truncated: bool = False) -> str | None:
+        """The answer by ``extractor`` (module docstring); ``truncated``: the completion hit the
+        token budget (``last_number`` then needs a final-answer marker)."""
         if self.extractor == "boxed":
             from rredcot_cli.verify import extract_boxed
 
             return extract_boxed(completion)
         if self.extractor == "last_number":
+            if truncated and not self.truncated_last_number:
+                from rredcot_cli.benchmarks.gsm8k import marked_answer
+
+                marked = marked_answer(completion)
+                return None if marked is None else last_number(marked)
             return last_number(completion)
         if self.extractor == "regex":
             matches = list(self._regex.finditer(completion))
@@ -146,8 +164,12 @@ class JSONLBenchmark:
             return (last.group(1) if self._regex.groups else last.group(0)).strip()
         return completion.strip()
 
-    def verify(self, completion: str, problem: Problem) -> float | None:
-        answer = self.extract_answer(completion)
+    def verify(self, completion: str, problem: Problem, truncated: bool = False) -> float | None:
+        """``verify_answer(extract_answer(completion, truncated), problem)``."""
+        return self.verify_answer(self.extract_answer(completion, truncated=truncated), problem)
+
+    def verify_answer(self, answer: str | None, problem: Problem) -> float | None:
+        """The verifier's score of an extracted ``answer`` (0.0 for None; None: unscorable)."""
         if answer is None:
             return 0.0
         gold = problem.gold_answer
