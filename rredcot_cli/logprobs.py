@@ -197,9 +197,24 @@ def _chunked_head_logprobs(head, hidden, targets, temperature, top_p, with_entro
     return flat_lp, flat_ent
 
 
-# Rows of logits per LM-head call in ``scored_positions_forward``: 2^26 floats (256 MiB) whatever
-# the vocabulary (all positions at once for the embedded models, ~440 at a 152k vocabulary).
+# Rows of logits per LM-head call in ``scored_positions_forward`` and ``head_chunk_rows``: 2^26
+# floats (256 MiB) whatever the vocabulary (all positions at once for the embedded models, 1,365 at
+# SmolLM2's 49k, ~440 at a 152k vocabulary).
 _HEAD_CHUNK_ELEMENTS = 1 << 26
+
+
+def head_chunk_rows(model: torch.nn.Module) -> int:
+    """``chunk_tokens`` for ``completion_logprobs`` that keeps each LM-head call's logits at
+    ``_HEAD_CHUNK_ELEMENTS`` floats, as ``scored_positions_forward`` does: for no-grad passes that
+    want every completion position (entropies, scoring), where ``(rows, positions, vocabulary)``
+    logits and their log-softmax would otherwise be GBs. A model whose logits are not a plain LM
+    head (``splittable_head``) takes one full pass whatever this is."""
+    split = splittable_head(model)
+    return _head_rows(split[1]) if split is not None else 1
+
+
+def _head_rows(head: torch.nn.Module) -> int:
+    return max(1, _HEAD_CHUNK_ELEMENTS // head.weight.shape[0])  # rows of (rows, vocabulary) logits
 
 
 def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
@@ -223,7 +238,7 @@ def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: t
     body, head = split
     out = body(**inputs, **(cache_kwarg(body, cache) if cache is not None else {}))
     hidden = out.last_hidden_state[rows, cols]  # (N, H)
-    chunk = max(1, _HEAD_CHUNK_ELEMENTS // head.weight.shape[0])  # rows of (rows, vocabulary) logits
+    chunk = _head_rows(head)
     pieces = [token_logprobs(head(hidden[start : start + chunk]), targets[start : start + chunk])[0]
               for start in range(0, hidden.shape[0], chunk)]
     return out, torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)

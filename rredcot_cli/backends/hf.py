@@ -12,6 +12,7 @@ from rredcot_cli.backends.base import Completion, SamplingParams
 from rredcot_cli import shared_prompt
 from rredcot_cli.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
+from rredcot_cli.logprobs import head_chunk_rows
 
 
 # ------------------------------------------------------------------------------------------
@@ -267,7 +268,8 @@ class HFBackend:
         completion_ids: list[list[int]],
         with_entropy: bool = False,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Teacher-forced log-probs at temperature 1, in batches of ``batch_size`` rows.
+        """Teacher-forced log-probs at temperature 1, in batches of ``batch_size`` rows; the LM head
+        runs over the completion positions, ``logprobs.head_chunk_rows`` at a time.
 
         Returns a list of (len(completion_ids[i]),) float32 CPU tensors, and the entropies of the
         next-token distributions at the same positions when ``with_entropy`` (else None).
@@ -278,7 +280,8 @@ class HFBackend:
             for start in range(0, len(prompt_ids), self.batch_size):
                 p_chunk = prompt_ids[start : start + self.batch_size]
                 c_chunk = completion_ids[start : start + self.batch_size]
-                lp, _, ent = completion_logprobs(self.model, p_chunk, c_chunk, self.pad_id, with_entropy)
+                lp, _, ent = completion_logprobs(self.model, p_chunk, c_chunk, self.pad_id, with_entropy,
+                                                 chunk_tokens=head_chunk_rows(self.model))
                 lp = lp.cpu()
                 ent = ent.cpu() if ent is not None else None
                 for i, c in enumerate(c_chunk):
