@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "gsm8k": "rredcot_cli.benchmarks.gsm8k:GSM8KBenchmark",
     "math500": "rredcot_cli.benchmarks.math500:MATH500Benchmark",
     "jsonl": "rredcot_cli.benchmarks.jsonl:JSONLBenchmark",
+    "arith": "rredcot_cli.benchmarks.jsonl:ArithBenchmark",
 }
 SYNTHETIC_BENCHMARKS = frozenset({"chain", "chain_verbose", "search"})
 

@@ -70,6 +70,8 @@ class JSONLBenchmark:
     """A question/answer file with a configurable extractor and verifier (see the module docstring)."""
 
     name = "jsonl"
+    # A subclass with data packaged in rredcot_cli/data/<name>/ reads it when benchmark.path is null.
+    PACKAGED = False
 
     def __init__(
         self,
@@ -120,7 +122,7 @@ class JSONLBenchmark:
         """Problems of ``split`` in file order (a single file serves every split)."""
         from rredcot_cli.data import read_split
 
-        if self.path is None:
+        if self.path is None and not self.PACKAGED:
             raise RredcotError("benchmark jsonl needs benchmark.path=FILE (JSONL, JSON or Parquet) or a folder")
         problems, seen = [], set()
         for index, (location, row) in enumerate(islice(read_split(self.name, split, self.path), limit)):
@@ -191,3 +193,21 @@ class JSONLBenchmark:
 
         result = math_equal(gold, "\\boxed{" + answer + "}", timeout_s=self.verify_timeout_s)
         return None if result is None else float(result)
+
+
+class ArithBenchmark(JSONLBenchmark):
+    """``benchmark=arith``: "What is a + b? Answer with a single number." over single digits (sums
+    and non-negative differences), packaged in rredcot_cli/data/arith/ and written by
+    scripts/make_arith.py. A task where a 135M instruct model's sampled pass@1 has room both ways
+    (docs/real-model.md); the question is the whole prompt (no step-by-step instruction), the
+    answer the last number (a truncated completion needs "The final answer is"), graded as a number."""
+
+    name = "arith"
+    PACKAGED = True
+
+    def __init__(self, path: str | None = None, verify_timeout_s: float = 5.0, prompt_template: str | None = "{question}",
+                 extractor: str = "last_number", verifier: str = "numeric", tolerance: float = 1e-6,
+                 truncated_last_number: bool = False, id_field: str | None = "id") -> None:
+        super().__init__(path=path, verify_timeout_s=verify_timeout_s, prompt_template=prompt_template,
+                         extractor=extractor, verifier=verifier, tolerance=tolerance,
+                         truncated_last_number=truncated_last_number, id_field=id_field)
