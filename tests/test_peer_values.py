@@ -257,8 +257,28 @@ def test_continuations_keep_each_prefix_budget_and_mc_gives_what_is_left(policy)
     completion = tok("3+4=7\n7*2=4\n4-1=3\n", add_special_tokens=False)["input_ids"]
     scored = []
     mc_rewards(policy.model, [prefixes[0]], [completion], [[0, 6, 12]],
-               lambda i, ids: scored.append(len(ids)) or 0.0, max_new_tokens=20, **kwargs)
-    assert len(scored) == 12 and max(scored) <= 20
+               lambda i, ids, reason: scored.append((len(ids), reason, ids[-1])) or 0.0, max_new_tokens=20, **kwargs)
+    assert len(scored) == 12 and max(n for n, _, _ in scored) <= 20
+    # A continuation is "stop" exactly when it ended with the EOS, else it was cut at its budget
+    # ("length") and is graded as a truncated sample is.
+    assert all((reason == "stop") == (last == tok.eos_token_id) for _, reason, last in scored)
+    assert all(n == 20 for n, reason, _ in scored if reason == "length")
+
+
+def test_mc_grades_a_cut_continuation_as_a_truncated_sample():
+    """On GSM8K a continuation cut at its budget gets no last-number fallback: the rule samples
+    follow (benchmarks.base.grade_completion); before, mc scored it as finished."""
+    from rredcot_cli.methods.base import CreditBatch
+    from rredcot_cli.methods.mc import batch_verifier
+    from rredcot_cli.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    batch = CreditBatch.__new__(CreditBatch)
+    batch.extras = {"benchmarks": ["gsm8k"], "gold_answers": ["12"], "prompt_ids": ["gsm8k/test/0"]}
+    verify = batch_verifier(batch, tok)
+    ids = tok("Checking: 7 + 5 = 12 and", add_special_tokens=False)["input_ids"]
+    assert verify(0, ids, "stop") == 1.0
+    assert verify(0, ids, "length") == 0.0
 
 
 def test_mc_greedy_values_are_the_verified_greedy_continuation(traces, policy):

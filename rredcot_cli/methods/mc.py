@@ -121,11 +121,14 @@ def vineppo_credit(values: torch.Tensor, batch: CreditBatch, clip_reward: float 
     return Credit(token_advantages=tokens.to(torch.float32), segment_values=credit.segment_values, segment_credits=r)
 
 
-def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int]], Optional[float]]:
-    """``verify(i, completion_ids)``: the benchmark's reward for new completion tokens of row i,
+def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int], str], Optional[float]]:
+    """``verify(i, completion_ids, finish_reason)``: the benchmark's reward for new completion
+    tokens of row i (``benchmarks.base.grade_completion``, so a continuation cut off at its budget
+    is graded as a truncated sample is),
     rebuilt from the benchmark name and gold answer stored with each sample (the configured
     benchmark object in ``batch.extras['benchmark']`` for rows of its name, so its settings hold)."""
     from rredcot_cli.benchmarks import Problem, make_benchmark
+    from rredcot_cli.benchmarks.base import grade_completion
 
     extras = batch.extras or {}
     names = extras.get("benchmarks")
@@ -139,9 +142,9 @@ def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int]], 
                   for name in set(names)}
     problems = [Problem(prompt_id=str(prompt_ids[i]), question="", gold_answer=str(gold[i])) for i in range(len(gold))]
 
-    def verify(i: int, completion_ids: list[int]) -> Optional[float]:
+    def verify(i: int, completion_ids: list[int], finish_reason: str = "stop") -> Optional[float]:
         text = tokenizer.decode(completion_ids, skip_special_tokens=True)
-        return benchmarks[names[i]].verify(text, problems[i])
+        return grade_completion(benchmarks[names[i]], text, problems[i], finish_reason)[1]
 
     return verify
 

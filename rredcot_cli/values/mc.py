@@ -178,7 +178,7 @@ def mc_rewards(
     prompts: list[list[int]],
     completions: list[list[int]],
     offsets: list[list[int]],
-    verify: Callable[[int, list[int]], Optional[float]],
+    verify: Callable[[int, list[int], str], Optional[float]],
     *,
     k: int,
     max_new_tokens: int,
@@ -194,8 +194,10 @@ def mc_rewards(
     """Rewards of k continuations after every listed completion offset of every trace.
 
     offsets[i]: completion-token offsets of trace i (0 = right after the prompt).
-    ``verify(i, completion_ids)`` scores completion_ids = completion prefix + continuation
-    against trace i's problem (None = unscorable, counted as 0, as sampling does). Prefixes with
+    ``verify(i, completion_ids, finish_reason)`` scores completion_ids = completion prefix +
+    continuation against trace i's problem (None = unscorable, counted as 0, as sampling does);
+    ``finish_reason`` is "stop" for a continuation that ended with an EOS and "length" for one cut
+    off at its budget, so a truncated continuation is graded by the rule a truncated sample is. Prefixes with
     the same (prompt, completion prefix) are sampled once and verified with the first trace that
     has them. Returns per trace a float32 tensor (len(offsets[i]), k).
 
@@ -230,7 +232,8 @@ def mc_rewards(
     rewards = torch.zeros(len(unique), k)
     for u, (i, o) in enumerate(owner):
         for j, cont in enumerate(conts[u]):
-            r = verify(i, list(completions[i][:o]) + cont)
+            finish_reason = "stop" if cont and cont[-1] in eos_ids else "length"
+            r = verify(i, list(completions[i][:o]) + cont, finish_reason)
             rewards[u, j] = 0.0 if r is None else float(r)
     return [rewards[row] if row else torch.zeros(0, k) for row in slots]
 

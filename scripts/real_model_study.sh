@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The small real-model study (docs/real-model.md): SmolLM2-135M-Instruct on benchmark=arith.
+#
+#   scripts/real_model_study.sh pilot     # GRPO, seed 0, at each of $LRS: does it learn in the budget?
+#   LR=1e-5 scripts/real_model_study.sh study   # grpo, rredcot (suffix_is), rloo x $SEEDS at one lr
+#
+# Environment: LRS (pilot; default "3e-6 1e-5 3e-5"), LR (study), SEEDS (default "0 1 2 3 4"),
+# METHODS (study; default "grpo rredcot rloo"), RUNS (default runs/real-model), EXTRA (more overrides).
+# Every run: 8 prompts x 8 samples per step, up to 48 new tokens, 20 steps, held-out pass@1 on the
+# 39 test questions x 4 samples at steps 0, 10 and 20; its weights are deleted once it finishes
+# (a 538 MB checkpoint per run), its metrics, evals and manifest are kept. A finished run is skipped.
+set -euo pipefail
+mode=${1:?usage: real_model_study.sh pilot|study}
+RUNS=${RUNS:-runs/real-model}
+SEEDS=${SEEDS:-"0 1 2 3 4"}
+METHODS=${METHODS:-"grpo rredcot rloo"}
+BUDGET=(model=smollm2-135m-instruct benchmark=arith sampling.max_new_tokens=48 train.steps=20
+        train.prompts_per_step=8 sampling.n=8 train.eval_every=10 train.eval_problems=39 train.eval_samples=4
+        train.save_every=0)
+
+train() {  # train RUN_DIR OVERRIDES...
+  local dir=$1; shift
+  if grep -qs '"status": "complete"' "$dir/train/manifest.json"; then echo "skip $dir (complete)"; return; fi
+  local started=$SECONDS
+  rredcot train "${BUDGET[@]}" "$@" ${EXTRA:-} run.dir="$dir" run.overwrite=true
+  rm -rf "$dir/train/checkpoints"
+  echo "$dir: $((SECONDS - started)) s" | tee -a "$RUNS/wall_times.txt"
+}
+
+mkdir -p "$RUNS"
+case $mode in
+  pilot)
+    for lr in ${LRS:-3e-6 1e-5 3e-5}; do train "$RUNS/pilot-grpo-lr$lr" method=grpo train.lr="$lr" seed=0; done ;;
+  study)
+    : "${LR:?set LR to the learning rate the pilot chose}"
+    for seed in $SEEDS; do
+      for method in $METHODS; do train "$RUNS/$method-lr$LR-seed$seed" method="$method" train.lr="$LR" seed="$seed"; done
+    done ;;
+  *) echo "unknown mode $mode (pilot | study)" >&2; exit 2 ;;
+esac
