@@ -264,14 +264,17 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _read_manifest(folder: Path) -> dict[str, Any] | None:
-    path = folder / MANIFEST
-    if not path.exists():
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A stage folder's manifest.json; None when there is none, ``{"status": "unreadable"}`` when
+    it cannot be read or is not a JSON object (the one reader: stages and reports both use it)."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError):
         return {"status": "unreadable"}
+    return manifest if isinstance(manifest, dict) else {"status": "unreadable"}
 
 
 def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
@@ -382,7 +385,7 @@ def check_input_provenance(cfg: DictConfig, stage: str, keys: list[str], input_r
     for name, record in input_records.items():
         path = Path(record["path"])
         folder = path.parent
-        manifest = _read_manifest(folder)
+        manifest = read_manifest(folder)
         if manifest is None:
             continue
         producer = manifest.get("stage", folder.name)
@@ -463,7 +466,7 @@ def begin_stage(
     check_input_provenance(cfg, stage, keys, input_records)
     stage_hash = _stage_hash(cfg, keys, input_records)
 
-    old = _read_manifest(folder)
+    old = read_manifest(folder)
     continuing = False
     if old is not None and not cfg.run.overwrite:
         same = old.get("config_hash") == stage_hash
@@ -553,7 +556,7 @@ def discard_unstarted_stages() -> list[Path]:
     removed = []
     while _FRESH_STAGES:
         folder, created = _FRESH_STAGES.pop()
-        manifest = _read_manifest(folder) if folder.is_dir() else None
+        manifest = read_manifest(folder) if folder.is_dir() else None
         if manifest is None or manifest.get("status") != "running" or not _holds_nothing(folder):
             continue
         try:

@@ -152,7 +152,7 @@ def _train_dir(path: Path) -> tuple[Path, Path]:
     Raises ``RunError`` naming the path and what is missing."""
     if not path.is_dir():
         raise RunError(f"{path}: no such run directory")
-    own = _read_manifest(path)
+    own = run_files.read_manifest(path)
     if own is not None and own.get("stage") == "train":
         return path.parent, path
     train = path / "train"
@@ -164,21 +164,9 @@ def _train_dir(path: Path) -> tuple[Path, Path]:
     return path, train
 
 
-def _read_manifest(folder: Path) -> dict[str, Any] | None:
-    """A stage folder's manifest.json; None when there is none, a status "unreadable" when broken."""
-    path = folder / run_files.MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"status": "unreadable"}
-    return manifest if isinstance(manifest, dict) else {"status": "unreadable"}
-
-
 def _check_finished(train: Path) -> None:
     missing = [name for name in TRAIN_FILES if not (train / name).is_file()]
-    manifest = _read_manifest(train)
+    manifest = run_files.read_manifest(train)
     if manifest is not None and manifest.get("status") != "complete":
         raise UnfinishedRunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
                                  f"{manifest.get('status')!r} (still running, or it stopped); finish or rerun it, "
@@ -267,11 +255,11 @@ def _stage_costs(run_dir: Path) -> tuple[dict[str, float], float | None]:
     """Seconds of each finished ``attribute*/<method>`` stage and of the ``sample`` stage."""
     costs = {}
     for manifest_path in sorted(run_dir.glob("attribute*/*/manifest.json")):
-        manifest = _read_manifest(manifest_path.parent) or {}
+        manifest = run_files.read_manifest(manifest_path.parent) or {}
         seconds = (manifest.get("extra") or {}).get("seconds")
         if manifest.get("status") == "complete" and seconds is not None:
             costs[manifest_path.parent.relative_to(run_dir).as_posix()] = float(seconds)
-    sample = _read_manifest(run_dir / "sample") or {}
+    sample = run_files.read_manifest(run_dir / "sample") or {}
     sample_seconds = (sample.get("extra") or {}).get("seconds") if sample.get("status") == "complete" else None
     return costs, (float(sample_seconds) if sample_seconds is not None else None)
 
