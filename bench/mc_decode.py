@@ -1,4 +1,4 @@
-"""How fast the MC continuations decode (values/mc.py ``sample_continuations``): the cost of the
+"""How fast the MC continuations decode (backends/continuations.py ``sample_continuations``, the HF backend's): the cost of the
 `mc` method and of `rredcot judge`'s reference, at the default chain length and on long chains.
 
 Prefixes are prompt + the first half of the gold solution's lines, for problems of one benchmark;
@@ -25,7 +25,7 @@ import torch
 
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.models import load_model_and_tokenizer
-from rredcot_cli.values.mc import sample_continuations
+from rredcot_cli.backends.continuations import sample_continuations
 
 SETTINGS = {
     # name: (model, benchmark, benchmark overrides, max_new_tokens) -- the ladder's R1 and R4 rungs

@@ -49,7 +49,7 @@ def test_assemble_values_with_group_mean_baseline():
 
 
 def test_top_p_warp_hand_computed():
-    from rredcot_cli.values.mc import warp_logits
+    from rredcot_cli.backends.continuations import warp_logits
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     assert torch.allclose(warp_logits(logits, 1.0, 0.6).exp(), torch.tensor([[0.625, 0.375, 0.0]]))
@@ -198,7 +198,7 @@ def run_method(name, traces, policy, **params):
 
 
 def test_continuations_greedy_match_generate_and_do_not_depend_on_batching(policy):
-    from rredcot_cli.values.mc import sample_continuations
+    from rredcot_cli.backends.continuations import sample_continuations
 
     tok = policy.tokenizer
     prefixes = [tok("Compute mod 10: 3 +4 *2\n", add_special_tokens=False)["input_ids"],
@@ -224,7 +224,7 @@ def test_continuations_same_with_transformers_cache(policy, monkeypatch):
     samples: transformers' concatenating cache gives the same continuations."""
     from transformers import DynamicCache
 
-    import rredcot_cli.values.mc as mc
+    import rredcot_cli.backends.continuations as mc
 
     tok = policy.tokenizer
     prefixes = [tok("Compute mod 10: 3 +4 *2\n", add_special_tokens=False)["input_ids"],
@@ -242,7 +242,10 @@ def test_continuations_keep_each_prefix_budget_and_mc_gives_what_is_left(policy)
     """Per-prefix budgets cap each prefix's continuations without changing another prefix's; mc
     continues a completion prefix of o tokens with max_new_tokens - o, so no completion it scores
     is longer than the sampler's budget."""
-    from rredcot_cli.values.mc import mc_rewards, sample_continuations
+    import functools
+
+    from rredcot_cli.backends.continuations import sample_continuations
+    from rredcot_cli.values.mc import mc_rewards
 
     tok = policy.tokenizer
     prefixes = [tok("Compute mod 10: 3 +4 *2 -1 +5\n", add_special_tokens=False)["input_ids"],
@@ -256,8 +259,10 @@ def test_continuations_keep_each_prefix_budget_and_mc_gives_what_is_left(policy)
 
     completion = tok("3+4=7\n7*2=4\n4-1=3\n", add_special_tokens=False)["input_ids"]
     scored = []
-    mc_rewards(policy.model, [prefixes[0]], [completion], [[0, 6, 12]],
-               lambda i, ids, reason: scored.append((len(ids), reason, ids[-1])) or 0.0, max_new_tokens=20, **kwargs)
+    continue_prefixes = functools.partial(sample_continuations, policy.model, **kwargs)
+    mc_rewards(continue_prefixes, [prefixes[0]], [completion], [[0, 6, 12]],
+               lambda i, ids, reason: scored.append((len(ids), reason, ids[-1])) or 0.0, k=4, max_new_tokens=20,
+               eos_ids=kwargs["eos_ids"])
     assert len(scored) == 12 and max(n for n, _, _ in scored) <= 20
     # A continuation is "stop" exactly when it ended with the EOS, else it was cut at its budget
     # ("length") and is graded as a truncated sample is.

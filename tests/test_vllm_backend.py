@@ -404,6 +404,26 @@ def test_real_per_request_seeds(engine, prompts):
 
 
 @pytest.mark.vllm
+def test_real_continuations_for_mc(engine, prompts):
+    """``continuations`` (MC values, the judge's reference) on vLLM: k per prefix, each prefix's
+    own budget, EOS-ended or full length, seeded by the prefix alone; greedy ones are HF's."""
+    hf, vb = engine
+    eos = vb.tokenizer.eos_token_id
+    kwargs = dict(k=3, temperature=1.0, top_p=1.0, seed=7)
+    together = vb.continuations(prompts, max_new_tokens=[5, 24, 24], **kwargs)
+    assert [len(c) for c in together] == [3, 3, 3]
+    for conts, budget in zip(together, [5, 24, 24]):
+        for c in conts:
+            assert 0 < len(c) <= budget and (c[-1] == eos or len(c) == budget) and eos not in c[:-1]
+    assert vb.continuations(prompts[1:2], max_new_tokens=24, **kwargs) == together[1:2]
+    assert vb.continuations(prompts, max_new_tokens=[5, 24, 24], **{**kwargs, "seed": 8}) != together
+    stats: dict = {}
+    greedy = vb.continuations(prompts, max_new_tokens=16, k=2, temperature=0.0, top_p=1.0, seed=0, stats=stats)
+    assert greedy == hf.continuations(prompts, max_new_tokens=16, k=2, temperature=0.0, top_p=1.0, seed=0)
+    assert stats["continuations"] == 6 and stats["generated_tokens"] == sum(len(c) for cs in greedy for c in cs)
+
+
+@pytest.mark.vllm
 def test_real_seeded_call_larger_than_one_step(engine, prompts):
     """Seeded prompts whose tokens exceed one engine step's budget (the ladder's 64 x 8 eval):
     vLLM 0.32's chunked prefill rewound a CPU generator and crashed ("CPU Generator does not use

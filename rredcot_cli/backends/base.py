@@ -44,6 +44,16 @@ class Backend(Protocol):
         a list of float32 tensors of shape (len(completion_ids[i]),); entropies of the full
         next-token distribution at the same positions when ``with_entropy``."""
 
+    def continuations(self, prefixes: list[list[int]], *, k: int, max_new_tokens: "int | list[int]",
+                      temperature: float, top_p: float, seed: int, rows_per_forward: int = 64,
+                      stats: dict | None = None) -> list[list[list[int]]]:
+        """``k`` continuations (token ids) of every prefix (prompt + completion prefix ids), for
+        Monte Carlo values and the judge's reference: a continuation that sampled an EOS ends with
+        it, one that did not has its prefix's budget (``max_new_tokens``: one for all, or one per
+        prefix). Randomness is seeded per prefix from ``seed`` and the prefix's tokens, so a
+        prefix's continuations do not depend on which other prefixes share the call. ``stats``
+        (optional) gains ``prefill_tokens``, ``generated_tokens`` and ``continuations``."""
+
     def sleep(self) -> None:
         """Free what generation holds until the next ``sync_weights``; no-op where nothing is held.
 

@@ -290,6 +290,19 @@ class HFBackend:
                         all_ent.append(ent[i, : len(c)].clone())
         return all_lp, (all_ent if with_entropy else None)
 
+    # -- continuations (Monte Carlo values, the judge's reference) -----------------------
+    def continuations(self, prefixes: list[list[int]], *, k: int, max_new_tokens: int | list[int],
+                      temperature: float, top_p: float, seed: int, rows_per_forward: int = 64,
+                      stats: dict | None = None) -> list[list[list[int]]]:
+        """``k`` continuations of every prefix (backends/continuations.py: each prefix's KV cache
+        shared by its k rows, randomness seeded by the prefix's tokens), ``rows_per_forward`` rows
+        decoded together."""
+        from rredcot_cli.backends.continuations import sample_continuations
+
+        return sample_continuations(self.model, prefixes, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id, seed=seed,
+                                    device=str(self.device), rows_per_forward=rows_per_forward, stats=stats)
+
     def sleep(self) -> None:
         """Nothing to free: generation holds no memory between calls (the KV cache is per call)."""
 

@@ -266,6 +266,44 @@ class VLLMBackend:
         flat = [self._completion(out.outputs[0]) for out in outputs]
         return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompt_ids))]
 
+    def continuations(self, prefixes: list[list[int]], *, k: int, max_new_tokens: int | list[int],
+                      temperature: float, top_p: float, seed: int, rows_per_forward: int = 64,
+                      stats: dict | None = None) -> list[list[list[int]]]:
+        """``k`` continuations of every prefix in one call: a request per prefix with ``n=k`` (vLLM
+        prefills the prefix once for its k samples, and its prefix cache shares the blocks that
+        prefixes of one trace have in common), seeded by the prefix's tokens as the HF sampler is
+        (``prefix_seed``), so a prefix's continuations do not depend on the others in the call.
+        The streams are vLLM's, not the HF sampler's: the two agree in distribution, not token
+        for token. ``rows_per_forward`` is the HF sampler's; vLLM schedules its batches itself."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from rredcot_cli.backends.continuations import prefix_seed
+
+        self._check_awake("continuations")
+        budgets = [max_new_tokens] * len(prefixes) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(budgets) != len(prefixes) or min(budgets, default=1) < 1:
+            raise ValueError("max_new_tokens: one budget >= 1, or one per prefix")
+        if any(len(p) == 0 for p in prefixes):
+            raise ValueError("a prefix needs at least one token (the prompt)")
+        sampling = temperature > 0
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
+        # Greedy: vLLM takes n=1 only, and the k continuations are the same one.
+        params = [VllmSamplingParams(n=k if sampling else 1, temperature=temperature if sampling else 0.0,
+                                     top_p=top_p if sampling else 1.0, max_tokens=budget,
+                                     seed=prefix_seed(seed, list(p)) if sampling else None, detokenize=False)
+                  for p, budget in zip(prefixes, budgets)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        result = [[[int(t) for t in sample.token_ids] for sample in out.outputs] for out in outputs]
+        if not sampling:
+            result = [conts * k for conts in result]
+        if stats is not None:
+            generated = sum(len(c) for conts in result for c in conts)
+            stats["prefill_tokens"] = stats.get("prefill_tokens", 0) + sum(len(p) for p in prefixes)
+            stats["generated_tokens"] = stats.get("generated_tokens", 0) + generated
+            stats["continuations"] = stats.get("continuations", 0) + len(prefixes) * k
+        return result
+
     def _completion(self, out) -> Completion:
         ids = [int(t) for t in out.token_ids]
         if out.logprobs is None or len(out.logprobs) != len(ids):

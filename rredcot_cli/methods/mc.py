@@ -16,10 +16,12 @@ Where this deviates from the paper, and why:
   this is the same number as V(S_K) := R above.
 - VinePPO's steps are its own newline/sentence splits; here they are the toolkit's segments
   (``segment=...``), so the same segmentation serves every method.
-- K defaults to 8 (VinePPO's main configs use 9; the issue fixes 8). Truncated continuations are
-  scored by the same verifier as sampled completions (no extra unfinished penalty), so MC values
-  and observed rewards mean the same thing; on the embedded task an unfinished chain has no
-  answer and scores 0, as in VinePPO.
+- K defaults to 8 (VinePPO's main configs use 9; the issue fixes 8). Continuations are scored as
+  sampled completions are (``grade_completion``; one cut off at its budget as a truncated one, no
+  extra unfinished penalty), so MC values and observed rewards mean the same thing; on the
+  embedded task an unfinished chain has no answer and scores 0, as in VinePPO.
+- Continuations come from the policy's backend (``Backend.continuations``): the HF sampler, or
+  vLLM with ``n=k`` per prefix and prefix caching under ``backend=vllm``.
 - V(S_0) is estimated by MC from the prompt (``baseline="mc"``, shared by the whole group) or,
   for free, by the group's mean reward (``baseline="group_mean"``: the G completions are G
   samples from S_0).
@@ -38,6 +40,7 @@ generated tokens.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -164,10 +167,10 @@ def mc_reference_values(batch: CreditBatch, policy, *, k: int = 16, max_new_toke
     eos_ids = eos_token_ids(policy)
     ends = segment_ends(batch)
     offsets = [([0] if baseline == "mc" else []) + e[:-1] for e in ends]
-    estimates = mc_values(policy.model, batch.prompt_token_ids, batch.completion_token_ids, offsets,
-                          batch_verifier(batch, tokenizer), k=k, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id,
-                          seed=seed, device=policy.device, rows_per_forward=rows_per_forward, stats=stats)
+    continue_prefixes = functools.partial(policy.backend.continuations, k=k, temperature=temperature, top_p=top_p,
+                                          seed=seed, rows_per_forward=rows_per_forward, stats=stats)
+    estimates = mc_values(continue_prefixes, batch.prompt_token_ids, batch.completion_token_ids, offsets,
+                          batch_verifier(batch, tokenizer), k=k, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
     v0 = None if baseline == "mc" else group_mean_std(batch.rewards, batch.group_ids)[0]
     return assemble_values(estimates, batch.rewards, batch.num_segments, v0=v0)
 
@@ -178,7 +181,7 @@ def mc(batch: CreditBatch, *, policy, k: int, max_new_tokens: int, temperature: 
        rows_per_forward: int) -> Credit:
     """MC values at every boundary, then VinePPO advantages (or an RREDCoT rule).
 
-    ``policy`` provides ``model`` (the HF copy, also under vLLM), ``tokenizer`` and ``device``.
+    ``policy`` provides ``backend`` (its ``continuations``: HF or vLLM), ``model`` and ``tokenizer``.
     Defaults of the keyword arguments live in ``MCParams``."""
     if advantage not in MC_ADVANTAGES:
         raise ValueError(f"unknown advantage {advantage!r}; valid: {', '.join(MC_ADVANTAGES)}")
