@@ -115,9 +115,11 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
             raise ConfigError(f"{key}={path}: no such GGUF file; {MODEL_FIX}")
         import importlib.util
 
-        if importlib.util.find_spec("gguf") is None:
-            raise ConfigError(f"{key}={path}: reading a GGUF file needs the gguf package; install it with "
-                              "`pip install 'rredcot[gguf]'` (or `pip install gguf`)")
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ConfigError(f"{key}={path}: transformers reads a GGUF file with {' and '.join(missing)}; install "
+                              f"{'it' if len(missing) == 1 else 'them'} with `pip install 'rredcot[gguf]'` "
+                              f"(or `pip install {' '.join(missing)}`)")
         return  # converted into a cached HF folder when the stage loads it (model_files.py)
     folder = Path(path).expanduser()
     if not folder.exists():

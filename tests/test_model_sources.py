@@ -168,3 +168,19 @@ def test_a_probe_template_makes_the_regex_benchmark_usable(tmp_path):
     check_forced_answer(compose([*_regex_benchmark(tmp_path), "method=delta_belief",
                                  "method.probe_template='\\nAnswer: {answer}'"]))
     check_forced_answer(compose([*_regex_benchmark(tmp_path), "method=rredcot"]))  # suffix_is reads no probe
+
+
+def test_a_gguf_file_without_its_readers_names_the_extra(tmp_path, monkeypatch):
+    """transformers needs gguf and accelerate to read a GGUF file: a fresh `pip install -e .`
+    without the extra is told so before any folder is made (found on a fresh venv)."""
+    import importlib.util
+
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "accelerate" else real_find_spec(name, *a))
+    code, err = rredcot("sample", f"model.path={gguf_file}", f"run.dir={tmp_path}/r")
+    line = one_error_line(err)
+    assert code == 2 and "accelerate" in line and "pip install 'rredcot[gguf]'" in line
+    assert not (tmp_path / "r").exists()
