@@ -13,15 +13,10 @@ from typer.testing import CliRunner
 from rredcot_cli import artifacts
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark
 from rredcot_cli.cli import app
-from rredcot_cli.report.heatmap import (
-    SelectionError,
-    align_token_spans,
-    build_cards,
-    diverging_color,
-    render_html,
-    render_png,
-    select_samples,
-)
+from rredcot_cli.report.heatmap_cards import SelectionError, align_token_spans, build_cards, select_samples
+from rredcot_cli.report.heatmap_colors import diverging_color
+from rredcot_cli.report.heatmap_html import render_html
+from rredcot_cli.report.heatmap_png import render_png
 
 BENCH = ChainBenchmark(min_steps=3, max_steps=3, data_seed=7)
 PROBLEMS = BENCH.load("test", limit=2)

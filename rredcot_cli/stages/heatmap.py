@@ -22,14 +22,10 @@ from rredcot_cli.stages.common import console, table_rows
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
-    from rredcot_cli.report.heatmap import (
-        COLOR_BY,
-        SELECT_MODES,
-        SelectionError,
-        build_cards,
-        render_html,
-        render_png,
-    )
+    from rredcot_cli.report.heatmap_cards import SELECT_MODES, SelectionError, build_cards
+    from rredcot_cli.report.heatmap_colors import COLOR_BY
+    from rredcot_cli.report.heatmap_html import render_html
+    from rredcot_cli.report.heatmap_png import render_png
 
     h = cfg.heatmap
     if h.select not in SELECT_MODES:

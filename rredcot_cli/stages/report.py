@@ -1,12 +1,12 @@
 """`rredcot report RUN_DIR... [--out DIR]`: finished training runs side by side.
 
 Unlike the other stages it takes run dirs, not a config: it reads each ``<run>/train/`` (see
-``rredcot_cli.report.compare``) and writes ``report.md``, ``report.csv``,
-``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out`` (default ``runs/report``),
-rewritten atomically on every call, then prints the main table. A run dir without a finished
-train stage, or runs on different benchmarks, stop it with one line (``RunError``); with
-``--skip-unfinished`` unfinished run dirs are left out and named instead (a sweep still running,
-or cells that failed).
+``rredcot_cli.report.load``), groups and aggregates them (``rredcot_cli.report.compare``) and writes
+``report.md``, ``report.csv``, ``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out``
+(default ``runs/report``; ``rredcot_cli.report.write``), rewritten atomically on every call, then
+prints the main table. A run dir without a finished train stage, or runs on different benchmarks,
+stop it with one line (``RunError``); with ``--skip-unfinished`` unfinished run dirs are left out
+and named instead (a sweep still running, or cells that failed).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfi
     ``skip_unfinished``: leave out run dirs whose train stage did not finish (named in one line on
     stderr and at the end of report.md) instead of failing. ``baseline``: the group the paired
     section compares against (default ``grpo`` when present)."""
-    from rredcot_cli.report.compare import build_report, summary_rows, write_report
+    from rredcot_cli.report.compare import build_report
+    from rredcot_cli.report.markdown import summary_rows
+    from rredcot_cli.report.write import write_report
 
     report = build_report(run_dirs, skip_unfinished=skip_unfinished, baseline=baseline)
     if report.skipped:
