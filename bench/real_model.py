@@ -456,8 +456,29 @@ def run_profile(rollout: Path, rows: int, decode_tokens: int, smoke: bool) -> di
 # =========================================================================== goals and the write-up
 
 
+def profile_bound(data: dict) -> dict | None:
+    """The profiled update (one pass over its rows) against the same matmul bound, by wall and CPU."""
+    p, sh, rates = data.get("profile") or {}, data["shapes"], data["matmul"]
+    if not p.get("update_timed"):
+        return None
+    real = p["prompt_tokens"] + p["completion_tokens"] - p["rows"]
+    bound = (6 * sh["non_embedding_params"] * real / (rates["body_gflops"] * 1e9)
+             + 6 * sh["hidden"] * sh["vocab"] * p["completion_tokens"] / (rates["head_gflops"] * 1e9))
+    t = p["update_timed"]
+    return {"positions_real": real, "bound_s": bound, "wall_over_bound": t["wall_s"] / bound,
+            "cpu_over_bound": t["cpu_s"] / bound, "cpu_share": t["cpu_s"] / t["wall_s"]}
+
+
 def goals(data: dict) -> dict:
     out = {}
+    pb = profile_bound(data)
+    if pb:
+        data["profile_bound"] = pb
+        out["update_over_bound/profiled"] = {"ratio": pb["wall_over_bound"], "ratio_cpu": pb["cpu_over_bound"],
+                                             "goal": GOALS["update_over_bound"],
+                                             "met": pb["wall_over_bound"] <= GOALS["update_over_bound"],
+                                             "met_cpu": pb["cpu_over_bound"] <= GOALS["update_over_bound"],
+                                             "others_cores": data["profile"]["others_cores_mean"]}
     runs = {r["benchmark"]: r for r in data["training"] if r.get("mean")}
     for name, r in runs.items():
         m = r["mean"]
@@ -467,6 +488,7 @@ def goals(data: dict) -> dict:
                                                 "others_cores": r["others_cores_mean"]}
         if r.get("peak_rss_over_floor"):
             out[f"peak_rss_over_floor/{name}"] = {"ratio": r["peak_rss_over_floor"],
+                                                  "update_passes_ran": any(s["signal"] for s in r["steps"]),
                                                   "goal": GOALS["peak_rss_over_floor"],
                                                   "met": r["peak_rss_over_floor"] <= GOALS["peak_rss_over_floor"],
                                                   "others_cores": r["others_cores_mean"]}
@@ -501,6 +523,7 @@ def _gb(b) -> str:
 def write_md(data: dict, path: Path) -> None:
     """The generated part of the write-up, between MD_BEGIN and MD_END (the rest of the file is kept)."""
     sh, mach, rates = data["shapes"], data["machine"], data["matmul"]
+    data["goals"] = goals(data)
     L = [MD_BEGIN, ""]
     L.append(f"Measured {data['date']} at commit `{data['commit']}`{' (uncommitted changes: ' + ', '.join(data['dirty']) + ')' if data.get('dirty') else ''} "
              f"in {data['total_wall_s'] / 60:.1f} min. Machine: {mach['cpu_model']} (family {mach.get('cpu_family')}, "
@@ -525,12 +548,18 @@ def write_md(data: dict, path: Path) -> None:
             L.append(f"| sampling: vLLM standalone tok/s / train sampling tok/s | {run} | {g['ratio']:.2f}x by wall, "
                      f"{g['ratio_per_cpu_s']:.2f}x per CPU-s | <= {g['goal']}x | {'yes' if g['met'] else 'no'} by wall, "
                      f"{'yes' if g['met_per_cpu_s'] else 'no'} per CPU-s | {label} |")
+        elif what == "update_over_bound" and "ratio_cpu" in g:
+            L.append(f"| update s / matmul bound s (the profiled update, 1 pass, {data['profile']['rows']} rows of "
+                     f"{data['profile_benchmark']}) | {run} | {g['ratio']:.2f}x by wall, {g['ratio_cpu']:.2f}x by CPU s | "
+                     f"<= {g['goal']}x | {'yes' if g['met'] else '**no**'} by wall, "
+                     f"{'yes' if g['met_cpu'] else '**no**'} by CPU s | {label} |")
         elif what == "update_over_bound":
             L.append(f"| update s / matmul bound s | {run} | {g['ratio']:.2f}x | <= {g['goal']}x | "
                      f"{'yes' if g['met'] else '**no**'} | {label} |")
         else:
+            caveat = "" if g.get("update_passes_ran", True) else " (no forward/backward ran: all advantages 0)"
             L.append(f"| peak RSS / (weights + grads + AdamW) | {run} | {g['ratio']:.2f}x | <= {g['goal']}x | "
-                     f"{'yes' if g['met'] else '**no**'} | {label} |")
+                     f"{'yes' if g['met'] else '**no**'}{caveat} | {label} |")
     L.append("\n### Training step (`rredcot train`, means over steps 2..N)\n")
     L.append("| benchmark | s/step | sampling | credit | update | refresh | other phases | sampling tok/s | "
              "completion tokens/step (mean / truncated) | peak RSS GiB | RSS / floor | CPU share | load |")
@@ -587,6 +616,10 @@ def write_md(data: dict, path: Path) -> None:
         L.append(f"\n### One update profiled ({p['rows']} rows of `{p['rollout'].split('/rollouts/')[-1] if '/rollouts/' in p['rollout'] else p['rollout']}`"
                  f" of the {data['profile_benchmark']} run, {p['prompt_tokens'] + p['completion_tokens']:,} tokens, "
                  f"1 pass; {busy(p['others_cores_mean'])}, others {p['others_cores_mean'] or 0:.2f})\n")
+        pb = data.get("profile_bound") or profile_bound(data)
+        L.append(f"Matmul bound of this update ({pb['positions_real']:,} positions, {p['completion_tokens']:,} through "
+                 f"the head): {pb['bound_s']:.1f} s; timed {t['wall_s']:.1f} s wall = {pb['wall_over_bound']:.2f}x, "
+                 f"{t['cpu_s']:.1f} CPU s = {pb['cpu_over_bound']:.2f}x (CPU share {pb['cpu_share']:.2f}).\n")
         L.append(f"Timed: {t['wall_s']:.1f} s = forward + loss {t['forward_and_loss_s']:.1f} s, backward "
                  f"{t['backward_s']:.1f} s, clip + AdamW step {t['step_s']:.2f} s. Resident memory: after imports "
                  f"{_gb(p['rss_imports'])} GiB, model loaded {_gb(p['rss_model'])}, AdamW state allocated "
@@ -603,6 +636,8 @@ def write_md(data: dict, path: Path) -> None:
             for o in prof["ops"][:12]:
                 L.append(f"| `{o['op']}` | {o['calls']} | {o['self_s']:.2f} | {o['self_s'] / prof['total_profiled_s']:.0%} |")
             L.append("")
+    for e in data.get("extended", []):
+        L.append(f"Extended {e['date']} at commit `{e['commit']}`: `python bench/real_model.py {shlex.join(e['args'])}`.\n")
     L.append("Commands as run (`$WORK` a temporary folder):\n")
     L.append("```bash")
     for r in data["training"] + data["decode"] + ([data["profile"]] if data.get("profile") else []):
@@ -651,6 +686,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "real_model_speed.json"))
     ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write --md from a result file")
+    ap.add_argument("--extend", metavar="JSON", help="add this invocation's rows to a result file (its machine, "
+                    "model shapes and matmul rates kept) and write it to --out")
     args = ap.parse_args()
     if args.profile_driver:
         return profile_driver(args)
@@ -666,19 +703,30 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    shapes = model_shapes("embedded" if args.smoke else MODEL_PATH)
-    data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git("rev-parse", "--short", "HEAD"),
+    if args.extend:
+        data = json.loads(Path(args.extend).read_text())
+        shapes, previous = data["shapes"], data["total_wall_s"]
+        data.setdefault("extended", []).append({"date": dt.datetime.now().isoformat(timespec="seconds"),
+                                                "commit": git("rev-parse", "--short", "HEAD"),
+                                                "args": sys.argv[1:]})
+        if not args.no_profile:
+            data.pop("profile", None)
+    else:
+        data, previous = None, 0.0
+        shapes = model_shapes("embedded" if args.smoke else MODEL_PATH)
+    data = data or {"date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git("rev-parse", "--short", "HEAD"),
             "dirty": [ln.split(maxsplit=1)[1] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()],
             "machine": machine_info(), "smoke": args.smoke, "model": MODEL, "model_path": MODEL_PATH,
             "seed": SEED, "steps": args.steps, "root": str(ROOT), "shapes": shapes, "goals_target": GOALS, "training": [], "decode": []}
-    print(f"[{dt.datetime.now():%H:%M:%S}] matmul rates", flush=True)
-    data["matmul"] = matmul_rates(shapes)
-    print(f"  body {data['matmul']['body_gflops']:.1f} GFLOP/s, head {data['matmul']['head_gflops']:.1f}", flush=True)
+    if "matmul" not in data:
+        print(f"[{dt.datetime.now():%H:%M:%S}] matmul rates", flush=True)
+        data["matmul"] = matmul_rates(shapes)
+        print(f"  body {data['matmul']['body_gflops']:.1f} GFLOP/s, head {data['matmul']['head_gflops']:.1f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        data["total_wall_s"] = time.perf_counter() - started
+        data["total_wall_s"] = previous + time.perf_counter() - started
         data["goals"] = goals(data)
         out.write_text(json.dumps(_finite(data), indent=1))
 
