@@ -256,7 +256,7 @@ def check_memory(device: str, quick: bool) -> dict:
 
     from rredcot_cli import trainable
     from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.update import ForwardPass, policy_update
+    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     if device != "cuda" and not quick:
         return {"skipped": "needs CUDA (CPU memory is what bench/memory.py measures)"}
@@ -278,10 +278,12 @@ def check_memory(device: str, quick: bool) -> dict:
         torch.cuda.reset_peak_memory_stats()
     forward = ForwardPass(chunk_tokens=1024, micro_batch_size=1, autocast=lambda: precision.autocast(device))
     started = time.perf_counter()
-    policy_update(model, optimizer, scheduler, prompt_ids=prompts, completion_ids=completions, advantages=advantages,
-                  pad_id=0, reference=None, updates_per_batch=1, minibatch_size=rows, clip_low=0.2, clip_high=0.2,
-                  loss_agg="token-mean", max_tokens=seq, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-                  generator=generator, forward=forward, stepper=GradientStepper(precision, device))
+    policy_update(
+        model, optimizer, scheduler,
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
+        UpdateHyper(updates_per_batch=1, minibatch_size=rows, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                    max_tokens=seq),
+        UpdateEngine(generator=generator, forward=forward, stepper=GradientStepper(precision, device)))
     report = {"model": "random-init Qwen2.5-0.5B" + (" (2 layers, --quick)" if quick else ""), "tokens": seq,
               "rows": rows, "micro_batch_size": 1, "options": "bf16-mixed + gradient checkpointing + chunk 1024",
               "update_seconds": round(time.perf_counter() - started, 2)}

@@ -265,7 +265,7 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
 
     from rredcot_cli import trainable
     from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.update import ForwardPass, lr_lambda, policy_update
+    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point
 
@@ -320,10 +320,11 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
 
     def update():
         return policy_update(
-            model, optimizer, scheduler, prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages,
-            pad_id=PAD_ID, reference=None, updates_per_batch=1, minibatch_size=point.rows, clip_low=0.2,
-            clip_high=0.2, loss_agg="token-mean", max_tokens=completion, kl_coef=0.0, kl_estimator="k3",
-            grad_clip=1.0, generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper)
+            model, optimizer, scheduler,
+            UpdateBatch(prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages, pad_id=PAD_ID),
+            UpdateHyper(updates_per_batch=1, minibatch_size=point.rows, clip_low=0.2, clip_high=0.2,
+                        loss_agg="token-mean", max_tokens=completion),
+            UpdateEngine(generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper))
 
     for i in range(point.updates - 1):  # earlier updates of a run, not measured
         record["stage"] = f"update {i + 1} (not measured)"

@@ -190,37 +190,70 @@ def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk
     return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)
 
 
+@dataclass(frozen=True)
+class UpdateBatch:
+    """What one update trains on: the batch's token ids (prompts and completions, unpadded),
+    the (B, T) token advantages (T = the longest completion; zero on padding), the pad id, and
+    the (B, T) log-probs the sampler recorded (or None)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: torch.Tensor
+    pad_id: int
+    sampler_logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class UpdateHyper:
+    """The ``train.*`` hyper-parameters of one policy update: what it computes.
+
+    ``updates_per_batch`` passes over the batch in minibatches of ``minibatch_size`` rows; the
+    clipped ratio ``[1 - clip_low, 1 + clip_high]``; ``loss_agg`` and ``max_tokens`` (the
+    normaliser, ``loss.loss_normalizer``); ``kl_coef`` x the ``kl_estimator`` (k1/k3) KL to the
+    reference; ``grad_clip`` on the global gradient norm; ``sampler_correction`` (capped at
+    ``sampler_cap``) on the policy-gradient term; ``old_from_sampler``: take the sampler's
+    log-probs as the old ones instead of the pre-update pass (``old_from_sampler()``)."""
+
+    updates_per_batch: int
+    minibatch_size: int
+    clip_low: float
+    clip_high: float
+    loss_agg: str
+    max_tokens: int
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    grad_clip: float = 1.0
+    sampler_correction: str = "none"
+    sampler_cap: float = 2.0
+    old_from_sampler: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateEngine:
+    """How an update runs, not what it computes: the minibatch shuffler ``generator``, the
+    ``forward`` pass of the trained model, the ``reference`` model (None without a KL term) and
+    its ``reference_forward`` (default: ``forward``), the ``stepper`` (default: fp32), the data
+    ``parallel`` group and the step ``clock`` (``steptime.StepClock``, or None)."""
+
+    generator: torch.Generator
+    forward: ForwardPass = ForwardPass()
+    reference: torch.nn.Module | None = None
+    reference_forward: ForwardPass | None = None
+    stepper: GradientStepper | None = None
+    parallel: DataParallel = field(default_factory=DataParallel)
+    clock: StepClock | None = None
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    *,
-    prompt_ids: list[list[int]],
-    completion_ids: list[list[int]],
-    advantages: torch.Tensor,
-    pad_id: int,
-    reference: torch.nn.Module | None,
-    updates_per_batch: int,
-    minibatch_size: int,
-    clip_low: float,
-    clip_high: float,
-    loss_agg: str,
-    max_tokens: int,
-    kl_coef: float,
-    kl_estimator: str,
-    grad_clip: float,
-    generator: torch.Generator,
-    forward: ForwardPass = ForwardPass(),
-    stepper: GradientStepper | None = None,
-    sampler_logprobs: torch.Tensor | None = None,
-    sampler_correction: str = "none",
-    sampler_cap: float = 2.0,
-    reference_forward: ForwardPass | None = None,
-    parallel: DataParallel = DataParallel(),
-    clock: StepClock | None = None,
-    old_from_sampler: bool = False,
+    batch: UpdateBatch,
+    hyper: UpdateHyper,
+    engine: UpdateEngine,
 ) -> UpdateStats:
-    """``updates_per_batch`` passes over the batch in shuffled minibatches.
+    """``hyper.updates_per_batch`` passes over ``batch`` in shuffled minibatches (``UpdateBatch``:
+    what it trains on; ``UpdateHyper``: what it computes; ``UpdateEngine``: how it runs).
 
     advantages: (B, T) with T = the longest completion; zero on padding. The old log-probs are
     the policy's own before the first step (so the first minibatch step has ratio 1), under the
@@ -245,59 +278,62 @@ def policy_update(
     pre-update pass, for a sampler that is the trained model in the same precision (the HF backend
     in fp32: the two differ by float rounding, docs/throughput.md). The entropy is then measured in
     the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare)."""
-    B = len(completion_ids)
-    stepper = stepper or GradientStepper(Precision("fp32", torch.float32, None))
-    rows = forward.rows_per_pass(minibatch_size)
+    B = len(batch.completion_ids)
+    forward, parallel, reference = engine.forward, engine.parallel, engine.reference
+    stepper = engine.stepper or GradientStepper(Precision("fp32", torch.float32, None))
+    rows = forward.rows_per_pass(hyper.minibatch_size)
     params = [p for p in model.parameters() if p.requires_grad]
-    if carries_no_signal(advantages, reference, kl_coef):
-        return _steps_without_signal(model, optimizer, scheduler, params, stepper, B, updates_per_batch,
-                                     minibatch_size, grad_clip, generator)
+    if carries_no_signal(batch.advantages, reference, hyper.kl_coef):
+        return _steps_without_signal(model, optimizer, scheduler, params, stepper, B, hyper.updates_per_batch,
+                                     hyper.minibatch_size, hyper.grad_clip, engine.generator)
     model.eval()
-    if old_from_sampler:
-        if sampler_logprobs is None or sampler_correction != "none":
+    ids = (batch.prompt_ids, batch.completion_ids, batch.pad_id)
+    sampler_logprobs = batch.sampler_logprobs
+    if hyper.old_from_sampler:
+        if sampler_logprobs is None or hyper.sampler_correction != "none":
             raise ValueError("old_from_sampler needs sampler_logprobs and no sampler_correction")
-        (old_logprobs, mask), entropies = _sampler_as_old(sampler_logprobs, completion_ids), None
+        (old_logprobs, mask), entropies = _sampler_as_old(sampler_logprobs, batch.completion_ids), None
     else:
-        with phase(clock, "old_logprobs"):
-            old_logprobs, mask, entropies = chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id,
-                                                                        rows, forward, parallel)
+        with phase(engine.clock, "old_logprobs"):
+            old_logprobs, mask, entropies = chunked_completion_logprobs(model, *ids, rows, forward, parallel)
     ref_logprobs = None
-    if reference is not None and kl_coef != 0.0:
-        with phase(clock, "ref_logprobs"):
-            ref_logprobs, _, _ = chunked_completion_logprobs(reference, prompt_ids, completion_ids, pad_id, rows,
-                                                             reference_forward or forward, parallel)
+    if reference is not None and hyper.kl_coef != 0.0:
+        with phase(engine.clock, "ref_logprobs"):
+            ref_logprobs, _, _ = chunked_completion_logprobs(reference, *ids, rows,
+                                                             engine.reference_forward or forward, parallel)
     entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1)) if entropies is not None else float("nan")
     sampler_kl = float("nan")
     weights = None
-    if sampler_logprobs is not None and not old_from_sampler:
+    if sampler_logprobs is not None and not hyper.old_from_sampler:
         sampler_logprobs = sampler_logprobs[:, : mask.shape[1]]
         sampler_kl = float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1))
-        if sampler_correction != "none":
-            weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, sampler_correction, sampler_cap)
+        if hyper.sampler_correction != "none":
+            weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, hyper.sampler_correction,
+                                                 hyper.sampler_cap)
 
     model.train()
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
     steps = skipped = trailing = overflows = 0
     entropy_sums = [0.0, 0.0]  # the first pass's entropy x tokens and tokens, without a pre-pass
-    for epoch in range(updates_per_batch):
-        order = torch.randperm(B, generator=generator).tolist()
-        for start in range(0, B, minibatch_size):
-            idx = order[start : start + minibatch_size]
+    for epoch in range(hyper.updates_per_batch):
+        order = torch.randperm(B, generator=engine.generator).tolist()
+        for start in range(0, B, hyper.minibatch_size):
+            idx = order[start : start + hyper.minibatch_size]
             # The whole minibatch's count, shared by the ranks; times W because DDP and FSDP2
             # average the ranks' gradients where the minibatch loss needs their sum.
-            normalizer = loss_normalizer(mask[idx], loss_agg, max_tokens) / parallel.world_size
+            normalizer = loss_normalizer(mask[idx], hyper.loss_agg, hyper.max_tokens) / parallel.world_size
             optimizer.zero_grad(set_to_none=True)
             minibatch = _accumulate_minibatch(
-                model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id, old_logprobs,
-                advantages, ref_logprobs, weights, normalizer, clip_low=clip_low, clip_high=clip_high,
-                loss_agg=loss_agg, max_tokens=max_tokens, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                model, forward, stepper, parallel, idx, rows, *ids, old_logprobs, batch.advantages, ref_logprobs,
+                weights, normalizer, clip_low=hyper.clip_low, clip_high=hyper.clip_high, loss_agg=hyper.loss_agg,
+                max_tokens=hyper.max_tokens, kl_coef=hyper.kl_coef, kl_estimator=hyper.kl_estimator,
                 entropy_sums=entropy_sums if entropies is None and epoch == 0 else None)
             if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 trailing += 1
                 continue
-            result = stepper.step(optimizer, params, grad_clip)
+            result = stepper.step(optimizer, params, hyper.grad_clip)
             if not result.stepped:
                 # A finite loss can still have an inf/NaN gradient; one such step would poison the
                 # weights and the optimizer moments for good, so it is skipped like a NaN loss

@@ -292,11 +292,14 @@ def test_non_finite_updates_are_skipped_and_leave_the_weights(tiny, monkeypatch,
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     stats = update.policy_update(
-        model, optimizer, scheduler, prompt_ids=[[5, 6, 7]] * 4, completion_ids=[[8, 9], [10, 11, 12], [8], [9, 9]],
-        advantages=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0], [1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]),
-        pad_id=tokenizer.pad_token_id, reference=None, updates_per_batch=2, minibatch_size=2, clip_low=0.2,
-        clip_high=0.2, loss_agg="token-mean", max_tokens=3, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-        generator=torch.Generator().manual_seed(0))
+        model, optimizer, scheduler,
+        update.UpdateBatch(
+            prompt_ids=[[5, 6, 7]] * 4, completion_ids=[[8, 9], [10, 11, 12], [8], [9, 9]],
+            advantages=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0], [1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]),
+            pad_id=tokenizer.pad_token_id),
+        update.UpdateHyper(updates_per_batch=2, minibatch_size=2, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                           max_tokens=3),
+        update.UpdateEngine(generator=torch.Generator().manual_seed(0)))
     assert (stats.skipped, stats.updates, stats.trailing_skipped) == (4, 0, 4)
     assert math.isnan(stats.loss)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

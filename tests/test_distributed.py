@@ -106,18 +106,19 @@ def _model():
 def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: int = 8):
     """One policy update of the 8-row batch, two passes over it (mu = 2) in minibatches of
     ``minibatch_size``; returns its stats and the model's weights after it."""
-    from rredcot_cli.update import ForwardPass, policy_update
+    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     prompts, completions, advantages = _batch()
     trained, plain, _ = parallel.wrap(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     stats = policy_update(
-        trained, optimizer, scheduler, prompt_ids=prompts, completion_ids=completions, advantages=advantages,
-        pad_id=0, reference=None, updates_per_batch=2, minibatch_size=minibatch_size, clip_low=0.2, clip_high=0.2,
-        loss_agg="token-mean", max_tokens=12, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-        generator=torch.Generator().manual_seed(1), forward=ForwardPass(micro_batch_size=rows_per_pass, chunk_tokens=4),
-        parallel=parallel)
+        trained, optimizer, scheduler,
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
+        UpdateHyper(updates_per_batch=2, minibatch_size=minibatch_size, clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12),
+        UpdateEngine(generator=torch.Generator().manual_seed(1),
+                     forward=ForwardPass(micro_batch_size=rows_per_pass, chunk_tokens=4), parallel=parallel))
     parallel.refresh(trained, plain)
     return stats, {k: v.detach().clone() for k, v in plain.state_dict().items()}
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rredcot_cli import artifacts
-from rredcot_cli.stages.train import training_samples
+from rredcot_cli.trainer import training_samples
 from rredcot_cli.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,7 @@ from rredcot_cli import trainable  # noqa: E402
 from rredcot_cli.logprobs import completion_logprobs  # noqa: E402
 from rredcot_cli.models import load_model_and_tokenizer  # noqa: E402
 from rredcot_cli.precision import GradientStepper, resolve_precision  # noqa: E402
-from rredcot_cli.update import ForwardPass, policy_update  # noqa: E402
+from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
 from rredcot_cli.weights import hf_weights  # noqa: E402
 from tests.test_smoke import rredcot  # noqa: E402  (the CLI in a subprocess)
 
@@ -50,11 +50,13 @@ def _train(model, batch, steps=2):
     prompts, completions, advantages = batch
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    policy_update(model, opt, sched, prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0,
-                  reference=None, updates_per_batch=steps, minibatch_size=4, clip_low=0.2, clip_high=0.2,
-                  loss_agg="token-mean", max_tokens=32, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-                  generator=torch.Generator().manual_seed(0), forward=ForwardPass(chunk_tokens=16),
-                  stepper=GradientStepper(resolve_precision("fp32", "float32")))
+    policy_update(
+        model, opt, sched,
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
+        UpdateHyper(updates_per_batch=steps, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                    max_tokens=32),
+        UpdateEngine(generator=torch.Generator().manual_seed(0), forward=ForwardPass(chunk_tokens=16),
+                     stepper=GradientStepper(resolve_precision("fp32", "float32"))))
 
 
 def _logprobs(model, batch):

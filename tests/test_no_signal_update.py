@@ -13,7 +13,7 @@ import torch
 from rredcot_cli import update
 from rredcot_cli.models import build_char_tokenizer, build_tiny_model
 from rredcot_cli.precision import GradientStepper, resolve_precision
-from rredcot_cli.update import ForwardPass, policy_update
+from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n"]]
@@ -52,10 +52,11 @@ def _trainer(precision="fp32", weight_decay=0.1):
 
 def _update(t, advantages, model=None, kl_coef=0.0, reference=None):
     return policy_update(
-        model or t["model"], t["opt"], t["sched"], prompt_ids=PROMPTS, completion_ids=COMPLETIONS,
-        advantages=advantages, pad_id=0, reference=reference, updates_per_batch=2, minibatch_size=2, clip_low=0.2,
-        clip_high=0.2, loss_agg="token-mean", max_tokens=12, kl_coef=kl_coef, kl_estimator="k3", grad_clip=1.0,
-        generator=t["generator"], forward=t["forward"], stepper=t["stepper"])
+        model or t["model"], t["opt"], t["sched"],
+        UpdateBatch(prompt_ids=PROMPTS, completion_ids=COMPLETIONS, advantages=advantages, pad_id=0),
+        UpdateHyper(updates_per_batch=2, minibatch_size=2, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                    max_tokens=12, kl_coef=kl_coef),
+        UpdateEngine(generator=t["generator"], forward=t["forward"], reference=reference, stepper=t["stepper"]))
 
 
 def test_a_batch_without_signal_runs_no_forward_pass():

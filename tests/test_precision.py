@@ -14,7 +14,7 @@ import torch
 from rredcot_cli import trainable
 from rredcot_cli.models import build_char_tokenizer, build_tiny_model
 from rredcot_cli.precision import GradientStepper, resolve_precision
-from rredcot_cli.update import ForwardPass, policy_update
+from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -44,11 +44,12 @@ def _update(model, *, lr=1e-3, precision="fp32", micro=0, chunk=0, loss_agg="tok
     forward = ForwardPass(temperature=temperature, top_p=top_p, chunk_tokens=chunk, micro_batch_size=micro,
                           autocast=lambda: prec.autocast("cpu"))
     return policy_update(
-        model, opt, sched, prompt_ids=PROMPTS, completion_ids=COMPLETIONS, advantages=_advantages(),
-        pad_id=0, reference=None, updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2,
-        loss_agg=loss_agg, max_tokens=12, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-        generator=torch.Generator().manual_seed(0), forward=forward, stepper=GradientStepper(prec, "cpu"),
-        sampler_logprobs=sampler, sampler_correction=correction)
+        model, opt, sched,
+        UpdateBatch(prompt_ids=PROMPTS, completion_ids=COMPLETIONS, advantages=_advantages(), pad_id=0,
+                    sampler_logprobs=sampler),
+        UpdateHyper(updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg=loss_agg,
+                    max_tokens=12, sampler_correction=correction),
+        UpdateEngine(generator=torch.Generator().manual_seed(0), forward=forward, stepper=GradientStepper(prec, "cpu")))
 
 
 def _moved(before, after):

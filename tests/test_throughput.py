@@ -26,7 +26,7 @@ def test_step_clock_counts_nested_phases_once():
 
 
 def test_resumed_history_gets_the_phase_columns():
-    from rredcot_cli.stages.train import _with_phase_columns
+    from rredcot_cli.trainer import _with_phase_columns
 
     old = [{"step": 1, "seconds": 2.0}]
     rows = _with_phase_columns(old)
@@ -148,7 +148,7 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     import torch
 
     from rredcot_cli.models import build_char_tokenizer
-    from rredcot_cli.update import ForwardPass, policy_update
+    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -163,12 +163,13 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
         from rredcot_cli.update import chunked_completion_logprobs
 
         sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
-    stats = policy_update(model, opt, sched, prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0,
-                          reference=None, updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2,
-                          loss_agg="token-mean", max_tokens=12, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0,
-                          generator=torch.Generator().manual_seed(0),
-                          forward=ForwardPass(chunk_tokens=5, micro_batch_tokens=micro_tokens),
-                          sampler_logprobs=sampler, old_from_sampler=old_from_sampler)
+    stats = policy_update(
+        model, opt, sched,
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0, sampler_logprobs=sampler),
+        UpdateHyper(updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                    max_tokens=12, old_from_sampler=old_from_sampler),
+        UpdateEngine(generator=torch.Generator().manual_seed(0),
+                     forward=ForwardPass(chunk_tokens=5, micro_batch_tokens=micro_tokens)))
     return stats
 
 
@@ -292,7 +293,7 @@ def test_advantage_std_is_over_completion_tokens_only():
     """advantages [[1, 3, 9], [2, 9, 9]] with the 9s on padding: std of {1, 3, 2} = 1 (n-1)."""
     import torch
 
-    from rredcot_cli.stages.train import _advantage_std
+    from rredcot_cli.trainer import _advantage_std
 
     advantages = torch.tensor([[1.0, 3.0, 9.0], [2.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])

@@ -550,7 +550,7 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
     from rredcot_cli import trainable
     from rredcot_cli.backends.hf import HFBackend
     from rredcot_cli.precision import GradientStepper, resolve_precision
-    from rredcot_cli.update import ForwardPass, policy_update
+    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     hf, vb = engine
     torch.manual_seed(0)
@@ -568,11 +568,13 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
                 advantages[i, : len(c)] = 1.0 if i % 2 else -1.0
             before, _ = vb.score(p_rows, c_rows)
             vb.sleep()
-            policy_update(policy, optimizer, scheduler, prompt_ids=p_rows, completion_ids=c_rows,
-                          advantages=advantages, pad_id=0, reference=None, updates_per_batch=2, minibatch_size=3,
-                          clip_low=0.2, clip_high=0.2, loss_agg="token-mean", max_tokens=24, kl_coef=0.0,
-                          kl_estimator="k3", grad_clip=1.0, generator=torch.Generator().manual_seed(step),
-                          forward=ForwardPass(), stepper=GradientStepper(fp32))
+            policy_update(
+                policy, optimizer, scheduler,
+                UpdateBatch(prompt_ids=p_rows, completion_ids=c_rows, advantages=advantages, pad_id=0),
+                UpdateHyper(updates_per_batch=2, minibatch_size=3, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                            max_tokens=24),
+                UpdateEngine(generator=torch.Generator().manual_seed(step), forward=ForwardPass(),
+                             stepper=GradientStepper(fp32)))
             vb.sync_weights(policy)
             after, _ = vb.score(p_rows, c_rows)
             target, _ = HFBackend(policy, hf.tokenizer).score(p_rows, c_rows)

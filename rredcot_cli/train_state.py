@@ -1,0 +1,213 @@
+"""The resumable state of a training run: what ``checkpoints/step-N`` holds, and how it is found,
+written, read back and pruned.
+
+A step checkpoint is one folder, written as a whole atomically by rank 0 (a folder that exists is
+complete): the trained weights in HF format, in the training precision (float32 master weights
+under mixed precision, so a resume continues exactly), the tokenizer, and ``trainer_state.pt``, a
+dict whose keys are the ``KEY_*`` constants below: the optimizer state (keyed by parameter name),
+the LR scheduler, the minibatch shuffler, every RNG state, the critic (weights, optimizer,
+shuffler) if any, the fp16 loss scaler, and the ``progress`` (a ``TrainState``: step, data cursor,
+metrics so far, ...). ``STATE_FORMAT`` names that layout; a checkpoint of another format or
+config hash is never resumed from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rredcot_cli import runs, trainable
+from rredcot_cli.errors import TrainingError
+from rredcot_cli.stages.common import console
+
+STATE_FILE = "trainer_state.pt"
+# 2: the optimizer state is keyed by parameter names (distributed.DataParallel.optimizer_state),
+# so a checkpoint resumes in one process, under DDP or under FSDP2, at any world size.
+STATE_FORMAT = 2
+# The keys of trainer_state.pt.
+KEY_FORMAT = "format"
+KEY_CONFIG_HASH = "config_hash"
+KEY_OPTIMIZER = "optimizer"
+KEY_SCHEDULER = "scheduler"
+KEY_GENERATOR = "generator"
+KEY_RNG = "rng"
+KEY_PROGRESS = "progress"
+KEY_CRITIC = "critic"
+KEY_LOSS_SCALER = "loss_scaler"
+# Not in the file: where ``latest`` found it.
+KEY_PATH = "path"
+
+_STEP_FOLDER = re.compile(r"step-(\d+)")
+
+
+@dataclass
+class TrainState:
+    """The progress of a run, saved as ``progress`` in every step checkpoint (a plain dict of
+    these fields, in this order)."""
+
+    step: int = 0  # the last finished step
+    cursor: int = 0  # the next training problem (dynamic sampling draws more than a step's share)
+    history: list[dict] = field(default_factory=list)  # the metrics rows so far
+    tokens_seen: int = 0  # generated tokens so far
+    eval_before: dict | None = None  # the held-out eval of the initial policy
+    seconds: float = 0.0  # wall time of the earlier attempts, up to their last checkpoint
+    nonfinite_streak: int = 0  # skipped (non-finite) policy updates in a row
+    skipped_updates: int = 0  # skipped policy updates in all
+    cpu_seconds: float = 0.0  # CPU time of the earlier attempts, as ``seconds``
+
+    def progress(self) -> dict:
+        """The ``progress`` entry of trainer_state.pt (a deep copy)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_progress(cls, progress: dict, prompts_per_step: int) -> TrainState:
+        """The state a checkpoint's ``progress`` holds; states written before the data cursor
+        existed have it at ``step x prompts_per_step``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        state = cls(**{k: v for k, v in progress.items() if k in known})
+        if "cursor" not in progress:
+            state.cursor = state.step * prompts_per_step
+        return state
+
+
+@dataclass
+class Stateful:
+    """The live objects whose state a step checkpoint saves and restores besides the progress:
+    the data-parallel root being ``trained`` and the ``plain`` model (the same object in one
+    process; distributed.py), the ``parallel`` group, the tokenizer, optimizer, LR scheduler,
+    minibatch shuffler (``generator``), critic (or None) and ``stepper`` (the fp16 loss scaler)."""
+
+    trained: torch.nn.Module
+    plain: torch.nn.Module
+    parallel: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    generator: torch.Generator
+    critic: Any
+    stepper: Any
+
+
+def save(path: Path, state: TrainState, parts: Stateful, config_hash: str) -> None:
+    """Write the step checkpoint ``path``. Every rank calls it (the optimizer state of FSDP2
+    shards is gathered); rank 0 writes."""
+    optimizer_state = parts.parallel.optimizer_state(parts.trained, parts.optimizer)
+    if not parts.parallel.is_main:
+        parts.parallel.barrier()
+        return
+    saved = {
+        KEY_FORMAT: STATE_FORMAT,
+        KEY_CONFIG_HASH: config_hash,
+        KEY_OPTIMIZER: optimizer_state,
+        KEY_SCHEDULER: parts.scheduler.state_dict(),
+        KEY_GENERATOR: parts.generator.get_state(),
+        KEY_RNG: rng_states(),
+        KEY_PROGRESS: state.progress(),
+        KEY_CRITIC: None if parts.critic is None else parts.critic.state_dict(),
+        KEY_LOSS_SCALER: parts.stepper.state_dict(),
+    }
+    with runs.atomic_path(path) as tmp:
+        trainable.save_trained_weights(parts.plain, tmp)
+        parts.tokenizer.save_pretrained(tmp)
+        torch.save(saved, tmp / STATE_FILE)
+    parts.parallel.barrier()
+
+
+def latest(checkpoints: Path, config_hash: str) -> dict | None:
+    """The saved state (trainer_state.pt's dict, plus ``KEY_PATH``) of the highest ``step-N``
+    checkpoint made with ``config_hash`` in this ``STATE_FORMAT``; unreadable ones are skipped."""
+    found = []
+    for folder in checkpoints.glob("step-*") if checkpoints.is_dir() else []:
+        match = _STEP_FOLDER.fullmatch(folder.name)
+        if match and (folder / STATE_FILE).is_file():
+            found.append((int(match.group(1)), folder))
+    for _, folder in sorted(found, reverse=True):
+        try:
+            saved = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable state is skipped, loudly
+            console.print(f"[yellow]{folder / STATE_FILE} is unreadable ({type(e).__name__}); trying an older one[/yellow]")
+            continue
+        if saved.get(KEY_FORMAT) != STATE_FORMAT or saved.get(KEY_CONFIG_HASH) != config_hash:
+            console.print(f"[yellow]{folder} was made by another config or version; not resuming from it[/yellow]")
+            continue
+        saved[KEY_PATH] = folder
+        return saved
+    return None
+
+
+def restore(saved: dict, parts: Stateful, prompts_per_step: int) -> TrainState:
+    """Load the weights of the checkpoint ``saved`` came from and every state it holds into
+    ``parts``; returns its progress."""
+    path = saved[KEY_PATH]
+    try:
+        trainable.load_trained_weights(parts.plain, path)
+    except ValueError as e:
+        raise TrainingError(f"cannot resume from {path}: {e}") from e
+    parts.parallel.load_weights(parts.trained, parts.plain)
+    parts.parallel.load_optimizer_state(parts.trained, parts.optimizer, saved[KEY_OPTIMIZER])
+    parts.scheduler.load_state_dict(saved[KEY_SCHEDULER])
+    parts.generator.set_state(saved[KEY_GENERATOR])
+    parts.stepper.load_state_dict(saved.get(KEY_LOSS_SCALER))
+    set_rng_states(saved[KEY_RNG])
+    if parts.critic is not None:
+        if saved.get(KEY_CRITIC) is None:
+            raise TrainingError(f"cannot resume from {path}: it holds no critic state")
+        parts.critic.load_state_dict(saved[KEY_CRITIC])
+    return TrainState.from_progress(saved[KEY_PROGRESS], prompts_per_step)
+
+
+def remove_all(checkpoints: Path) -> None:
+    """Delete ``step-N`` checkpoints left by an earlier attempt this one replaces (a later resume
+    must never pick them up)."""
+    for folder in checkpoints.glob("step-*") if checkpoints.is_dir() else []:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def prune(checkpoints: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest ``step-N`` checkpoints (0: keep all); ``final`` and
+    anything else in the folder stay. The newest is always kept, so a resume still finds it. Each
+    is renamed to a temporary name first, so a kill mid-delete leaves no half checkpoint that a
+    resume could pick (a restart deletes the leftover)."""
+    if keep <= 0 or not checkpoints.is_dir():
+        return
+    found = sorted((int(m.group(1)), folder) for folder in checkpoints.iterdir()
+                   if (m := _STEP_FOLDER.fullmatch(folder.name)))
+    for _, folder in found[:-keep]:
+        doomed = folder.with_name(f"{folder.name}{runs.TMP_MARK}pruned")
+        folder.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def rng_states() -> dict:
+    """Every random state the loop may draw from, in types ``torch.load(weights_only=True)`` reads."""
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    import numpy as np
+
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
