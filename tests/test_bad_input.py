@@ -324,6 +324,9 @@ def _losses_nan_on(monkeypatch, calls):
         return (loss * math.nan if count["n"] in calls else loss), stats
 
     monkeypatch.setattr(update, "policy_loss", loss_fn)
+    # Every update runs its passes, also a batch without signal (all rewards equal), which would
+    # otherwise take its zero-gradient steps without calling the loss and shift the count.
+    monkeypatch.setattr(update, "carries_no_signal", lambda *args: False)
 
 
 def test_run_stops_after_several_non_finite_updates_in_a_row(tmp_path, monkeypatch):
