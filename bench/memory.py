@@ -3,7 +3,7 @@
 Each point builds a random-init Qwen2.5 model from a shipped ``config.json`` (bench/configs/, no
 hub), optionally at reduced depth, prepares it as ``rredcot train`` does (``trainable.prepare``:
 precision, LoRA, gradient checkpointing), builds ``ForwardPass``, ``GradientStepper`` and AdamW
-as rredcot_cli/stages/train.py does (``precision.make_optimizer``), and runs one ``update.policy_update`` (old-log-prob pre-pass,
+as rredcot_cli/trainer.py does (``precision.make_optimizer``), and runs one ``update.policy_update`` (old-log-prob pre-pass,
 forward/backward per micro-batch, AdamW step) on random token ids. Every point runs in a fresh
 subprocess whose address space is capped (``--cap-gb``), so a configuration that does not fit
 fails with an allocation error, recorded as status ``does_not_fit``, instead of waking the OOM
