@@ -375,6 +375,21 @@ class Config:
     plugins: List[str] = field(default_factory=list)
 
 
+# --------------------------------------------------------------------------- run identity
+
+# How a run executes, not what it computes: the one rule for which keys name a run. A training
+# run's identity (its config hash and config.yaml, where these sit at their defaults) leaves them
+# out, so a resumed run, or one with smaller micro-batches or more threads, is the same run; and
+# `rredcot report` never splits groups by them (also for runs written before a key was added here).
+EXECUTION_KEYS: frozenset = frozenset({
+    "train.resume", "train.max_nonfinite_updates", "train.micro_batch_size", "train.micro_batch_tokens",
+    "train.logprob_chunk_tokens", "train.gradient_checkpointing", "train.parallel", "train.dist_timeout_s",
+    "train.save_every", "train.save_rollouts", "train.keep_checkpoints", "train.step",
+    "backend.num_threads", "backend.kv_cache_gb", "backend.max_model_len", "backend.sleep_mode",
+    "benchmark.verify_timeout_s",
+})
+
+
 # --------------------------------------------------------------------------- ranges
 
 # The meaningful range of every numeric option, checked once after composition

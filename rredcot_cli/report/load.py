@@ -12,7 +12,7 @@ What ``rredcot train`` leaves in each run dir (``train/summary.json``, ``metrics
   missing ones (``UnfinishedRunError`` marks the runs ``--skip-unfinished`` may leave out), and
   ``check_same_benchmark``: all runs on one benchmark.
 
-The config-leaf helpers (``config_leaves``, ``same_value``, ``IGNORED_LEAVES``) live here because
+The config-leaf helpers (``config_leaves``, ``same_value``, ``EXECUTION_KEYS``) live here because
 the benchmark check needs them; ``rredcot_cli.report.compare`` groups runs with them too.
 pyarrow and yaml are imported inside the readers only.
 """
@@ -27,12 +27,10 @@ from typing import Any, Sequence
 from rredcot_cli import runs as run_files
 from rredcot_cli.errors import ArtifactError, RunError
 from rredcot_cli.metrics import accuracy_by_bucket
+# Leaves that say how a run was executed, not what it computed, never split groups: the one rule
+# that also leaves them out of a training run's hash.
+from rredcot_cli.schema import EXECUTION_KEYS
 
-# Leaves that say how a run was executed, not what it computed: never split groups.
-IGNORED_LEAVES = {"train.resume", "train.max_nonfinite_updates", "train.save_every", "backend.num_threads",
-                  "benchmark.verify_timeout_s", "train.micro_batch_size", "train.logprob_chunk_tokens",
-                  "train.gradient_checkpointing", "backend.kv_cache_gb", "backend.max_model_len",
-                  "backend.sleep_mode", "train.parallel", "train.dist_timeout_s"}
 TRAIN_FILES = ("manifest.json", "config.yaml", "summary.json", "metrics.parquet", "eval.parquet")
 
 
@@ -236,7 +234,7 @@ def config_leaves(config: dict[str, Any], groups: Sequence[str]) -> dict[str, An
     for group in groups:
         if group in config:
             found.update(_leaves(config[group], group))
-    return {k: v for k, v in found.items() if k not in IGNORED_LEAVES}
+    return {k: v for k, v in found.items() if k not in EXECUTION_KEYS}
 
 
 def same_value(a: Any, b: Any) -> bool:

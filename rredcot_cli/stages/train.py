@@ -27,13 +27,6 @@ from rredcot_cli.trainer import Fitted, Trainer
 from rredcot_cli.update import UpdateHyper, old_from_sampler
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
-# train.* keys that say how to run, not what to compute: left out of the config hash so that a
-# resumed run (or one with another divergence limit, or with smaller micro-batches to fit in
-# memory) is the same run.
-UNHASHED_TRAIN_KEYS = ("resume", "max_nonfinite_updates", "micro_batch_size", "micro_batch_tokens",
-                       "logprob_chunk_tokens",
-                       "gradient_checkpointing", "parallel", "dist_timeout_s", "save_rollouts", "keep_checkpoints",
-                       "step")
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
@@ -93,16 +86,18 @@ def config_keys(spec) -> list[str]:
 
 
 def _hashed_config(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with the ``UNHASHED_TRAIN_KEYS`` at their defaults: the config that names the run
+    """``cfg`` with the ``schema.EXECUTION_KEYS`` at their defaults: the config that names the run
     (its hash and its config.yaml), the same whether or not it is resumed."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.schema import TrainConfig
+    from rredcot_cli.schema import EXECUTION_KEYS, Config
 
     container = OmegaConf.to_container(cfg, resolve=True)
-    defaults = TrainConfig()
-    for key in UNHASHED_TRAIN_KEYS:
-        container["train"][key] = getattr(defaults, key)
+    defaults = OmegaConf.structured(Config)
+    for key in EXECUTION_KEYS:
+        group, name = key.split(".", 1)
+        if group in container and name in container[group]:
+            container[group][name] = OmegaConf.select(defaults, key)
     hashed = OmegaConf.create(container)
     OmegaConf.set_readonly(hashed, True)
     return hashed
