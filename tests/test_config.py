@@ -203,3 +203,22 @@ def test_config_hash_is_stable():
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONHASHSEED": "123"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == config_hash(a, ["train", "seed"])
+
+
+def test_every_execution_key_is_an_option_and_names_no_run():
+    """schema.EXECUTION_KEYS, the one rule for the keys that say how a run executes: each is a
+    real option, and changing one leaves a training run's hash (and config.yaml) unchanged."""
+    from omegaconf import OmegaConf
+
+    from rredcot_cli.config import config_hash
+    from rredcot_cli.schema import EXECUTION_KEYS, Config
+    from rredcot_cli.stages.train import CONFIG_KEYS, _hashed_config
+
+    defaults = OmegaConf.structured(Config)
+    for key in EXECUTION_KEYS:
+        assert OmegaConf.select(defaults, key, default="<missing>") != "<missing>", key
+    base = config_hash(_hashed_config(compose([])), CONFIG_KEYS)
+    assert config_hash(_hashed_config(compose(["train.save_every=3", "backend.num_threads=2",
+                                                "train.micro_batch_tokens=256", "train.resume=true"])),
+                       CONFIG_KEYS) == base
+    assert config_hash(_hashed_config(compose(["train.lr=1e-4"])), CONFIG_KEYS) != base
