@@ -61,7 +61,10 @@ def test_samples_are_chat_templated_and_end_at_the_model_eos(run_dir, smollm2_to
         eos = smollm2_tokenizer.eos_token_id
         assert (ids[-1] == eos) == (row["finish_reason"] == "stop")
         assert eos not in ids[:-1]
-        assert max(ids) < 49152 and any(i > 255 for i in ids)  # BPE ids, not bytes
+        assert max(ids) < 49152
+        assert row["completion"] == smollm2_tokenizer.decode(ids, skip_special_tokens=True)
+        # The prompt is BPE ids of the template: <|im_start|> (1) opens it, merged words follow.
+        assert row["prompt_token_ids"][0] == 1 and any(i > 255 for i in row["prompt_token_ids"])
     manifest = json.loads((run_dir / "sample" / "manifest.json").read_text())
     assert manifest["status"] == "complete"
 
