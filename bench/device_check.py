@@ -215,7 +215,8 @@ def check_throughput(device: str, quick: bool) -> dict:
     from rredcot_cli.backends.base import SamplingParams
     from rredcot_cli.backends.hf import HFBackend
     from rredcot_cli.backends.vllm import VLLMBackend
-    from rredcot_cli.models import build_char_tokenizer, save_tokenizer
+    from rredcot_cli.model_files import save_tokenizer
+    from rredcot_cli.models import build_char_tokenizer
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     prompts_n, new_tokens = (4, 16) if quick else (64, 512)

@@ -134,8 +134,6 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rredcot_cli.models import save_tokenizer
-
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -155,6 +153,19 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(str(out_dir))
     save_tokenizer(tokenizer, out_dir)
+
+
+def save_tokenizer(tokenizer, output_dir: str | Path) -> None:
+    """``save_pretrained`` plus a portable ``tokenizer_class``.
+
+    transformers 5 writes ``"TokenizersBackend"``, which transformers 4 (and the vLLM builds on it)
+    cannot resolve; ``"PreTrainedTokenizerFast"`` loads in both.
+    """
+    tokenizer.save_pretrained(str(output_dir))
+    cfg_path = Path(output_dir) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def resolve_source(path: str, on_progress=None) -> str:

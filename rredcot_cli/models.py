@@ -12,7 +12,6 @@ This module imports torch and transformers: only stages import it, never ``rredc
 
 from __future__ import annotations
 
-import json
 import string
 import sys
 from pathlib import Path
@@ -26,6 +25,8 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
+
+from rredcot_cli.model_files import resolve_source
 
 EMBEDDED_MODEL = "embedded"
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -66,19 +67,6 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, model_max_length: int
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
     )
-
-
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, output_dir: str | Path) -> None:
-    """``save_pretrained`` plus a portable ``tokenizer_class``.
-
-    transformers 5 writes ``"TokenizersBackend"``, which transformers 4 (and the vLLM builds on it)
-    cannot resolve; ``"PreTrainedTokenizerFast"`` loads in both.
-    """
-    tokenizer.save_pretrained(str(output_dir))
-    cfg_path = Path(output_dir) / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def build_tiny_model(
@@ -132,8 +120,6 @@ def resolve_model_path(path: str) -> str:
     """A shipped model's name (``embedded``, ``tiny-chain``) -> its folder in the package; a GGUF
     file or ``pkg://DIST/FILE.gguf`` -> its converted HF folder (``model_files``, converted on
     first use); anything else (a folder, a hub id) unchanged."""
-    from rredcot_cli.model_files import resolve_source
-
     shipped = shipped_model_dir(path)
     if shipped is not None:
         return str(shipped)

@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from rredcot_cli.models import build_char_tokenizer, build_tiny_model, count_parameters, save_tokenizer
+from rredcot_cli.model_files import save_tokenizer
+from rredcot_cli.models import build_char_tokenizer, build_tiny_model, count_parameters
 
 
 def _lr_factor(step: int, total: int, warmup: int, final_ratio: float = 0.1) -> float:

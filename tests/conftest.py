@@ -58,7 +58,7 @@ def tiny_bpe_dir(smollm2_dir, tmp_path_factory) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from rredcot_cli.models import save_tokenizer
+    from rredcot_cli.model_files import save_tokenizer
 
     real = json.loads((Path(smollm2_dir) / "config.json").read_text())
     config = LlamaConfig(vocab_size=real["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -22,8 +22,8 @@ from rredcot_cli.models import (
     count_parameters,
     load_model_and_tokenizer,
     resolve_model_path,
-    save_tokenizer,
 )
+from rredcot_cli.model_files import save_tokenizer
 
 
 @pytest.fixture(scope="module")
