@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rredcot_cli.errors import ArtifactError, one_line
-from rredcot_cli.runs import atomic_path
+from rredcot_cli.atomic import atomic_path
 from rredcot_cli.steptime import PHASES
 
 

@@ -337,7 +337,7 @@ class ValueCritic:
     def save_weights(self, path: str | Path) -> None:
         """``{"weights", "hidden_size"}`` to ``path`` with ``torch.save``, atomically (a reader
         never sees a half-written file)."""
-        from rredcot_cli.runs import atomic_path
+        from rredcot_cli.atomic import atomic_path
 
         payload = {"weights": self._weights_cpu(), "hidden_size": self.hidden_size}
         with atomic_path(path) as tmp:

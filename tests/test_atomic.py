@@ -97,7 +97,7 @@ def test_checkpoint_folder_killed_between_its_renames_is_recovered(tmp_path, mon
             raise KeyboardInterrupt("killed")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(runs.os, "replace", replace_then_die)
+    monkeypatch.setattr(os, "replace", replace_then_die)
     with pytest.raises(KeyboardInterrupt):
         with atomic_path(folder) as tmp:
             tmp.mkdir()

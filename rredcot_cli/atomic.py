@@ -1,0 +1,146 @@
+"""Atomic writes: a file or folder appears whole under its name or not at all.
+
+Every artifact, manifest, checkpoint and converted model is written into a temporary sibling
+(``.tmp-...``), fsynced and renamed into place; a folder that replaces an older one first moves
+the old one aside (``.old-...``), and ``remove_stale_temporaries`` cleans what a killed writer
+left. A write that fails (a full disk, no permission) raises ``StorageError`` naming the path.
+Only the standard library: everything that writes can import this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from rredcot_cli.errors import ArtifactError, StorageError, os_error_message
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a folder so a rename inside it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """fsync a file, or every file of a folder tree."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+    if path.is_dir():
+        for folder in [path, *[p for p in path.rglob("*") if p.is_dir()]]:
+            _fsync_dir(folder)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+# Name parts of the temporaries atomic_path leaves behind only when its process is killed.
+TMP_MARK = ".tmp-"
+OLD_MARK = ".old-"
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the ``<name>.tmp-*`` / ``<name>.old-*`` leftovers of writers killed mid-write.
+
+    Called when a stage (re)starts in ``folder``, which then belongs to it. A leftover
+    ``<name>.old-*`` whose ``<name>`` is missing is the previous complete version of a folder
+    whose replacement was interrupted between its two renames; it is moved back into place
+    rather than deleted. Returns the paths removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for leftover in sorted(folder.rglob(f"*{OLD_MARK}*")):
+        target = leftover.with_name(leftover.name.split(OLD_MARK, 1)[0])
+        if not target.exists():
+            os.replace(leftover, target)
+        elif leftover.exists():
+            _remove(leftover)
+            removed.append(leftover)
+    for leftover in sorted(folder.rglob(f"*{TMP_MARK}*")):
+        if leftover.exists():
+            _remove(leftover)
+            removed.append(leftover)
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success move what was written there into place.
+
+    For writers that need a path (``pq.write_table``, ``model.save_pretrained``). The writer
+    creates a file or a folder at the yielded path (``<name>.tmp-xxxx`` in the same folder).
+    On success it is fsync'ed and renamed onto ``path`` (``os.replace`` for files; for folders
+    the old folder is moved aside first and deleted after). On an exception the temporary is
+    removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f"{path.name}{TMP_MARK}", dir=path.parent)
+        os.close(fd)
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(os_error_message(e, path, writing=True)) from e
+    tmp = Path(name)
+    tmp.unlink()  # the writer creates it (as a file or a folder)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise ArtifactError(f"nothing was written to {tmp} (meant for {path})")
+        _fsync_tree(tmp)
+        if tmp.is_dir():
+            old = None
+            if path.exists():
+                old = path.with_name(f"{path.name}{OLD_MARK}{tmp.name.rsplit('-', 1)[-1]}")
+                os.replace(path, old)
+            os.replace(tmp, path)
+            if old is not None:
+                _remove(old)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except StorageError:
+        _remove(tmp)
+        raise
+    except OSError as e:
+        # Disk full, no permission...: name the file the user asked for, not the temporary.
+        _remove(tmp)
+        raise StorageError(os_error_message(e, path, writing=True)) from e
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
