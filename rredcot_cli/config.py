@@ -632,14 +632,17 @@ def _unresolvable_key(cfg: DictConfig, container: Any, prefix: str = "") -> str 
 
 
 def _import_plugins(specs: Any) -> None:
+    from rredcot_cli import benchmarks, methods
     from rredcot_cli.plugins import import_plugin
+
+    registries = {"method": methods.registered_names, "benchmark": benchmarks.registered_names}
 
     if isinstance(specs, str) or not isinstance(specs, (list, tuple)):
         raise ConfigError(f"plugins={specs}: expected a list of modules or .py files, e.g. plugins=[my_pkg.credit]")
     for spec in specs:
         if not isinstance(spec, str) or not spec.strip():
             raise ConfigError(f"plugins: {spec!r} is not a module name or a .py file")
-        import_plugin(spec.strip())
+        import_plugin(spec.strip(), registries)
 
 
 def _command_line_plugins(overrides: Sequence[str]) -> None:

@@ -115,14 +115,14 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-def import_plugin(spec: str) -> Any:
+def import_plugin(spec: str, registries: dict[str, Any]) -> Any:
     """Import one ``plugins=`` entry, a module name or a ``.py`` file, once per process; the
-    method and benchmark names it registers are remembered as options of those groups."""
+    names it registers are remembered as options of their groups. ``registries``: group ->
+    a function listing that registry's names (``{"method": methods.registered_names, ...}``),
+    passed in so this module imports no registry (they import it for their entry points)."""
     if spec in _IMPORTED:
         return _IMPORTED[spec]
-    from rredcot_cli import benchmarks, methods
-
-    before = {"method": set(methods.registered_names()), "benchmark": set(benchmarks.registered_names())}
+    before = {group: set(names()) for group, names in registries.items()}
     if spec.endswith(".py"):
         path = Path(spec).expanduser()
         if not path.is_file():
@@ -130,9 +130,8 @@ def import_plugin(spec: str) -> Any:
         module = _import_file(path.resolve())
     else:
         module = import_module(spec)
-    after = {"method": set(methods.registered_names()), "benchmark": set(benchmarks.registered_names())}
-    for group in _IMPORTED_OPTIONS:
-        _IMPORTED_OPTIONS[group] |= after[group] - before[group]
+    for group, names in registries.items():
+        _IMPORTED_OPTIONS[group] |= set(names()) - before[group]
     _IMPORTED[spec] = module
     return module
 
