@@ -8,7 +8,7 @@
 # METHODS (study; default "grpo rredcot rloo"), RUNS (default runs/real-model), EXTRA (more overrides).
 # Every run: 4 prompts x 8 samples per step, up to 48 new tokens, one pass over the batch in one
 # minibatch (one AdamW step per training step), 20 steps, held-out pass@1 on the 39 test questions
-# x 4 samples at steps 0, 10 and 20 (about 50 s a step on one core of this machine: the update is
+# x 4 samples at steps 0, 10 and 20 (30-70 s a step on one busy core of this machine: the update is
 # ~6 x 135M x 2.3k tokens of matmuls); its weights are deleted once it finishes
 # (a 538 MB checkpoint per run), its metrics, evals and manifest are kept. A finished run is skipped.
 set -euo pipefail
