@@ -5,25 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from test_bad_input import one_error_line, rredcot  # the CLI in this process, its one error line
 
-from rredcot_cli.cli import app
 from rredcot_cli.config import compose
 from rredcot_cli.errors import RredcotError
-
-runner = CliRunner()
-
-
-def rredcot(*args):
-    result = runner.invoke(app, list(args))
-    return result.exit_code, result.stderr
-
-
-def one_error_line(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("error: "), stderr
-    assert "Traceback" not in stderr
-    return lines[-1]
 
 
 # --------------------------------------------------------------------------- pkg:// and GGUF files
