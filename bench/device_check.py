@@ -88,10 +88,10 @@ def check_logprobs(device: str, quick: bool) -> dict:
     """Sampled-token log-probs of vLLM vs the trainer's, on the embedded model."""
     import torch
 
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.vllm import VLLMBackend
-    from rredcot_cli.logprobs import completion_logprobs
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.vllm import VLLMBackend
+    from rredcot_cli.policy.logprobs import completion_logprobs
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 
     path = resolve_model_path("embedded")
     report = {}
@@ -128,10 +128,10 @@ def check_sync(device: str, quick: bool) -> dict:
     """Sleep frees memory; a synced perturbed policy scores as the HF model does."""
     import torch
 
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.backends.vllm import VLLMBackend
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 
     path = resolve_model_path("embedded")
     model, tok = load_model_and_tokenizer(path, dtype="float32", device=device)
@@ -212,11 +212,11 @@ def check_throughput(device: str, quick: bool) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.backends.vllm import VLLMBackend
-    from rredcot_cli.model_files import save_tokenizer
-    from rredcot_cli.models import build_char_tokenizer
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
+    from rredcot_cli.policy.model_files import save_tokenizer
+    from rredcot_cli.policy.models import build_char_tokenizer
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     prompts_n, new_tokens = (4, 16) if quick else (64, 512)
@@ -255,9 +255,9 @@ def check_memory(device: str, quick: bool) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli import trainable
-    from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train import trainable
+    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
+    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     if device != "cuda" and not quick:
         return {"skipped": "needs CUDA (CPU memory is what bench/memory.py measures)"}
@@ -301,7 +301,7 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    from rredcot_cli.runs import _versions
+    from rredcot_cli.store.runs import _versions
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
            "vllm": _versions().get("vllm"), "device": device, "machine": platform.machine(),

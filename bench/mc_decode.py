@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from rredcot_cli.benchmarks import make_benchmark
-from rredcot_cli.models import load_model_and_tokenizer
-from rredcot_cli.backends.continuations import sample_continuations
+from rredcot_cli.policy.models import load_model_and_tokenizer
+from rredcot_cli.policy.continuations import sample_continuations
 
 SETTINGS = {
     # name: (model, benchmark, benchmark overrides, max_new_tokens) -- the ladder's R1 and R4 rungs

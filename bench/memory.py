@@ -3,7 +3,7 @@
 Each point builds a random-init Qwen2.5 model from a shipped ``config.json`` (bench/configs/, no
 hub), optionally at reduced depth, prepares it as ``rredcot train`` does (``trainable.prepare``:
 precision, LoRA, gradient checkpointing), builds ``ForwardPass``, ``GradientStepper`` and AdamW
-as rredcot_cli/trainer.py does (``precision.make_optimizer``), and runs one ``update.policy_update`` (old-log-prob pre-pass,
+as rredcot_cli/train/loop.py does (``precision.make_optimizer``), and runs one ``update.policy_update`` (old-log-prob pre-pass,
 forward/backward per micro-batch, AdamW step) on random token ids. Every point runs in a fresh
 subprocess whose address space is capped (``--cap-gb``), so a configuration that does not fit
 fails with an allocation error, recorded as status ``does_not_fit``, instead of waking the OOM
@@ -214,7 +214,7 @@ def _instrument(phases: PhaseMeter, stepper_cls, record: dict):
     peak is seen: prepass, forward (a micro-batch's forward and loss), backward, step (gradient
     clipping and AdamW). It also records the gradient bytes allocated when the step begins
     (``grad_bytes_at_step``: G, since policy_update frees the gradients after its last step)."""
-    from rredcot_cli import update
+    from rredcot_cli.train import update
 
     real_prepass = update.chunked_completion_logprobs
 
@@ -263,9 +263,9 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli import trainable
-    from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.train import trainable
+    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
+    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point
 

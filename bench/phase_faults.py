@@ -18,7 +18,7 @@ import resource
 import sys
 from contextlib import contextmanager
 
-import rredcot_cli.steptime as steptime
+import rredcot_cli.train.steptime as steptime
 
 totals: dict[str, dict] = {}
 _original_phase = steptime.StepClock.phase

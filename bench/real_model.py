@@ -14,13 +14,13 @@ CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for 
    process under ``/usr/bin/time -v`` (peak RSS: *Maximum resident set size*), one torch thread,
    ``train.save_rollouts=1`` (the step's samples and advantages, written after the step's clock
    stops, so the token counts below are exact). s/step and each phase's seconds are means over
-   steps 2..N of ``train/metrics.parquet``'s ``seconds``/``seconds_<phase>`` (rredcot_cli/steptime.py);
+   steps 2..N of ``train/metrics.parquet``'s ``seconds``/``seconds_<phase>`` (rredcot_cli/train/steptime.py);
    sampling tokens/s = the steps' generated tokens / their sampling seconds. The memory floor is
    weights + gradients + AdamW's two moments, 4 x parameters x 4 bytes in fp32 (tied weights
    counted once), counted from the model's config on the meta device.
 2. The update's limit. Per step, from the saved rollouts: the forward+backward FLOPs, 6 x
    non-embedding parameters x positions + 6 x hidden x vocabulary x completion tokens (the tied LM
-   head runs on completion positions only, rredcot_cli/logprobs.py), times ``updates_per_batch``,
+   head runs on completion positions only, rredcot_cli/policy/logprobs.py), times ``updates_per_batch``,
    plus 2 x (the same) for the old-log-prob pass when it ran (``seconds_old_logprobs`` > 0; with
    ``train.old_logprobs=auto`` the HF backend in fp32 skips it). *positions* are the real ones
    (prompt + completion - 1 per row: the limit); the padded positions the code runs
@@ -107,7 +107,7 @@ def model_shapes(model_path: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy.models import resolve_model_path
 
     folder = resolve_model_path(model_path)
     config = AutoConfig.from_pretrained(folder)
@@ -175,7 +175,7 @@ def _max_rss(stderr: str) -> int | None:
 
 def step_work(step_dir: Path, shapes: dict, old_pass: bool) -> dict:
     """One saved step's token counts and the update's FLOPs (limit and executed)."""
-    from rredcot_cli.update import micro_batches
+    from rredcot_cli.train.update import micro_batches
 
     samples = _rows(step_dir / "sample" / "samples.parquet")
     adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
@@ -330,13 +330,13 @@ def profile_driver(args: argparse.Namespace) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from memory import PhaseMeter, _instrument, _proc_status
-    from rredcot_cli import trainable
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
-    from rredcot_cli.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli import update as update_module
-    from rredcot_cli.update import ForwardPass, lr_lambda, policy_update
+    from rredcot_cli.train import trainable
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
+    from rredcot_cli.train import update as update_module
+    from rredcot_cli.train.update import ForwardPass, lr_lambda, policy_update
 
     torch.set_num_threads(1)
     rec: dict = {"rss_imports": _proc_status("VmRSS")}

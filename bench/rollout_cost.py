@@ -35,7 +35,7 @@ def main() -> None:
 
     import pyarrow.parquet as pq
 
-    from rredcot_cli import train_rollouts
+    from rredcot_cli.store import train_rollouts
     from rredcot_cli.cli import app
 
     writes: dict[int, float] = {}

@@ -9,8 +9,8 @@ The driver wraps, in its own process only (rredcot_cli is not edited), the funct
 loop calls with wall-clock timers, then calls ``rredcot_cli.cli.main`` with ``train`` and the
 overrides, so the stage runs unchanged:
 
-  rredcot_cli.trainer.training_samples        a step's start (Trainer.step starts its clock just before)
-  rredcot_cli.trainer.sample_rows             sampling (the rank's generate calls + their all-gather)
+  rredcot_cli.train.loop.training_samples        a step's start (Trainer.step starts its clock just before)
+  rredcot_cli.train.loop.sample_rows             sampling (the rank's generate calls + their all-gather)
   ...train.completion_entropies / segment_rows / credit_batch / attribute
                                               credit; the phase is everything between the end of
                                               sampling and the start of policy_update, so it holds
@@ -101,14 +101,14 @@ class Recorder:
 
 
 def _install(recorder: Recorder, profile_step: int, profile_out: Path | None) -> None:
-    """Wrap what the train loop calls (module globals of rredcot_cli.trainer, methods of the classes)."""
+    """Wrap what the train loop calls (module globals of rredcot_cli.train.loop, methods of the classes)."""
     import torch
     import torch.distributed as dist
 
-    from rredcot_cli import distributed, update
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.precision import GradientStepper
-    from rredcot_cli import trainer as train
+    from rredcot_cli.train import distributed, update
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.train.precision import GradientStepper
+    from rredcot_cli.train import loop as train
 
     for name in ("training_samples", "sample_rows", "completion_entropies", "segment_rows", "credit_batch",
                  "attribute", "evaluate", "_save_checkpoint"):

@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.models import load_model_and_tokenizer
+    from rredcot_cli.policy.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     model.eval()

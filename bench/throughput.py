@@ -11,7 +11,7 @@ Training. Every run is a real ``rredcot train`` (the embedded model and default 
 thread. The runs alternate, the order rotated every repeat (grpo, rredcot, trl; rredcot, trl,
 grpo; ...), so drifting load hits every run alike. s/step and the phases are means over steps 2..N
 (step 1 warms up) of ``train/metrics.parquet``'s ``seconds`` and ``seconds_<phase>`` columns
-(rredcot_cli/steptime.py); tokens/s of a phase = the step's generated tokens / the phase's
+(rredcot_cli/train/steptime.py); tokens/s of a phase = the step's generated tokens / the phase's
 seconds, and for value estimation also forward positions / second. The ratios are of the means
 over repeats. TRL (when ``import trl`` works): its GRPOTrainer on the same model, prompts, reward
 and budget (prompts x samples per round, 2 passes in minibatches of 32 = 4 optimizer steps,
@@ -79,7 +79,7 @@ def trl_driver(args: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy.models import resolve_model_path
 
     torch.set_num_threads(1)
     rounds, prompts, samples = args.steps, 8, 8
@@ -144,9 +144,9 @@ def decode_driver(args: argparse.Namespace) -> None:
     """One warm-up call, then one timed generate call of 8 prompts x 8 samples; prints JSON."""
     import torch
 
-    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.policy.base import SamplingParams
     from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.rollout import encode_prompt, format_prompt, load_policy
+    from rredcot_cli.policy.load import encode_prompt, format_prompt, load_policy
 
     torch.set_num_threads(1)
     case = DECODE_CASES[args.case]
@@ -154,7 +154,7 @@ def decode_driver(args: argparse.Namespace) -> None:
     long_model = args.long_model if args.case == "long-model" else None
     engine: dict[str, float] = {}
     if backend == "vllm":  # the engine's start alone (load_policy also loads the HF copy)
-        from rredcot_cli.backends import vllm as vllm_backend
+        from rredcot_cli.policy import vllm as vllm_backend
 
         real_init = vllm_backend.VLLMBackend.__init__
 

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from rredcot_cli.benchmarks import make_benchmark
-from rredcot_cli.judge import first_error_hits
+from rredcot_cli.report.judge import first_error_hits
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.rredcot import RREDCoTParams
-from rredcot_cli.rollout import attribute, credit_batch, load_policy, sample_rows, segment_rows
+from rredcot_cli.policy.load import load_policy
+from rredcot_cli.pipeline import attribute, credit_batch, sample_rows, segment_rows
 from rredcot_cli.segmenters import get_segmenter
 
 # suffix_is windows in tokens, as docs/rredcot-value-cost.md measured them (16 tokens was the

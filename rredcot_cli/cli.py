@@ -4,7 +4,7 @@
     rredcot attribute run.dir=runs/x method=dr_grpo
     rredcot train run.dir=runs/x method=grpo train.lr=1e-4 --cfg   # print the config, run nothing
 
-Each command composes the config (``rredcot_cli.config.compose``), then imports
+Each command composes the config (``rredcot_cli.config.compose.compose``), then imports
 ``rredcot_cli.stages.<stage>`` and calls ``run(cfg, overrides)``. Mistakes a user can fix
 (``RredcotError``) are printed as one ``error: ...`` line on stderr with exit status 2; so
 is an ``OSError`` that names a file (disk full, no permission). Model and data paths and empty
@@ -25,7 +25,7 @@ from typing import Annotated, Iterator, List, Optional
 import typer
 from typer.core import TyperCommand
 
-from rredcot_cli.config import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
+from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
 from rredcot_cli.errors import RredcotError, one_line, os_error_message
 
 app = typer.Typer(
@@ -149,15 +149,15 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
     """
     overrides = list(overrides or [])
     use_config_dirs(config_dirs)
-    if "rredcot_cli.runs" in sys.modules:  # a stage run earlier in this process keeps its folders
-        sys.modules["rredcot_cli.runs"]._FRESH_STAGES.clear()
+    if "rredcot_cli.store.runs" in sys.modules:  # a stage run earlier in this process keeps its folders
+        sys.modules["rredcot_cli.store.runs"]._FRESH_STAGES.clear()
     with _one_line_errors():
         cfg = compose(overrides)
         if print_config:
             _print_config(cfg)
             return
         if cfg.train.step is not None:  # heatmap/attribute/judge on a step saved by `rredcot train`
-            from rredcot_cli.train_rollouts import step_view
+            from rredcot_cli.store.train_rollouts import step_view
 
             cfg = step_view(cfg, stage)
         from rredcot_cli.preflight import check
@@ -194,8 +194,8 @@ def _one_line_errors() -> Iterator[None]:
 
 def _discard_unstarted_stages() -> None:
     """A stage that failed before writing any output leaves no folder behind (``runs``)."""
-    if "rredcot_cli.runs" in sys.modules:
-        sys.modules["rredcot_cli.runs"].discard_unstarted_stages()
+    if "rredcot_cli.store.runs" in sys.modules:
+        sys.modules["rredcot_cli.store.runs"].discard_unstarted_stages()
 
 
 @app.command(cls=StageCommand, context_settings=_CONTEXT)

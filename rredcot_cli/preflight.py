@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rredcot_cli.config import ConfigError
+from rredcot_cli.config.compose import ConfigError
 from rredcot_cli.errors import ArtifactError
 
 if TYPE_CHECKING:
@@ -103,8 +103,8 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
     """``ConfigError`` when ``path`` is a local folder that holds no loadable model (config.json,
     weights unless ``weights`` is False, a tokenizer), a file, or a local-looking path that does
     not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain``) pass (the loader reports what is wrong with them)."""
-    from rredcot_cli.model_files import is_gguf, is_package_file, package_file
-    from rredcot_cli.models import shipped_model_dir
+    from rredcot_cli.policy.model_files import is_gguf, is_package_file, package_file
+    from rredcot_cli.policy.models import shipped_model_dir
 
     if shipped_model_dir(path) is not None:
         return
@@ -120,7 +120,7 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
             raise ConfigError(f"{key}={path}: transformers reads a GGUF file with {' and '.join(missing)}; install "
                               f"{'it' if len(missing) == 1 else 'them'} with `pip install 'rredcot[gguf]'` "
                               f"(or `pip install {' '.join(missing)}`)")
-        return  # converted into a cached HF folder when the stage loads it (model_files.py)
+        return  # converted into a cached HF folder when the stage loads it (rredcot_cli/policy/model_files.py)
     folder = Path(path).expanduser()
     if not folder.exists():
         if _looks_local(path):
@@ -219,8 +219,8 @@ def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
     unreadable one is left to the stage, which says how to make it or what is wrong)."""
     import pyarrow.parquet as pq
 
-    from rredcot_cli import runs
-    from rredcot_cli.artifacts import get_spec
+    from rredcot_cli.store import runs
+    from rredcot_cli.store.artifacts import get_spec
 
     try:
         path = runs.find_input(cfg, artifact)

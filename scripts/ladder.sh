@@ -53,7 +53,7 @@ LADDER=(
 for steps in $BY_LENGTH; do
   LADDER+=("$LONG $LONG_TAG $LONG_BENCHMARK steps$steps $steps $steps $PROBLEMS_PER_LENGTH $PER_STEP_TOKENS")
 done
-have_long=$($PYTHON -c "import sys; from pathlib import Path; from rredcot_cli.models import resolve_model_path; \
+have_long=$($PYTHON -c "import sys; from pathlib import Path; from rredcot_cli.policy.models import resolve_model_path; \
 print(int(Path(resolve_model_path(sys.argv[1]), 'config.json').is_file()))" "$LONG")
 started=$SECONDS
 for entry in "${LADDER[@]}"; do

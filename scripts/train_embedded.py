@@ -28,12 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rredcot_cli.backends.base import SamplingParams  # noqa: E402
-from rredcot_cli.backends.hf import HFBackend  # noqa: E402
-from rredcot_cli.rollout import encode_prompt  # noqa: E402
+from rredcot_cli.policy.base import SamplingParams  # noqa: E402
+from rredcot_cli.policy.hf import HFBackend  # noqa: E402
+from rredcot_cli.policy.load import encode_prompt  # noqa: E402
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark  # noqa: E402
-from rredcot_cli.models import count_parameters, load_model_and_tokenizer  # noqa: E402
-from rredcot_cli.sft import train_sft  # noqa: E402
+from rredcot_cli.policy.models import count_parameters, load_model_and_tokenizer  # noqa: E402
+from rredcot_cli.train.sft import train_sft  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "rredcot_cli" / "assets" / "tiny-chain"
 LENGTHS = [2, 4, 6, 8, 10, 12, 16, 20, 30, 40]
@@ -116,7 +116,7 @@ def write_readme(path: Path, command: str, kwargs: dict, train: dict | None, mea
     text = f"""# tiny-chain: the embedded model
 
 A {measured['num_parameters'] / 1e6:.2f}M-parameter Llama-architecture causal LM (hidden 128, 6 layers,
-4 heads) with a character-level tokenizer, trained from scratch by `rredcot_cli.sft.train_sft` on
+4 heads) with a character-level tokenizer, trained from scratch by `rredcot_cli.train.sft.train_sft` on
 solutions of the synthetic `chain` benchmark (chained `+ - *` arithmetic mod 10, one `a<op>b=c`
 line per step, then `Answer: x`). Loaded with `model.path=embedded` through the ordinary
 `AutoModelForCausalLM` / `AutoTokenizer` path. Llama, not Qwen2: transformers 5 forces its

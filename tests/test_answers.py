@@ -10,13 +10,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot_cli import artifacts
-from rredcot_cli.backends.base import Completion
+from rredcot_cli.store import artifacts
+from rredcot_cli.policy.base import Completion
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.metrics import maj_at_k
-from rredcot_cli.models import build_char_tokenizer
-from rredcot_cli.rollout import Policy, evaluate, sample_rows
+from rredcot_cli.policy.models import build_char_tokenizer
+from rredcot_cli.policy.load import Policy
+from rredcot_cli.pipeline import evaluate, sample_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GOLD = "12"
@@ -142,7 +143,7 @@ def test_training_reward_and_eval_metric_apply_the_same_truncation_rule():
 
 
 def test_truncated_last_number_is_a_benchmark_setting():
-    from rredcot_cli.config import compose
+    from rredcot_cli.config.compose import compose
     from rredcot_cli.stages.common import make_benchmark as from_config
 
     assert from_config(compose(["benchmark=gsm8k"])).truncated_last_number is False

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rredcot_cli.benchmarks.base import grade_completion
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.stages.common import make_benchmark
 
 REPO = Path(__file__).resolve().parents[1]

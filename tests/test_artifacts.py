@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot_cli.artifacts import ARTIFACTS, build_table, read_artifact, validate_segments_tile, write_artifact
+from rredcot_cli.store.artifacts import ARTIFACTS, build_table, read_artifact, validate_segments_tile, write_artifact
 from rredcot_cli.errors import ArtifactError
-from rredcot_cli.runs import atomic_path, atomic_write_text
-from rredcot_cli.steptime import PHASES
+from rredcot_cli.store.runs import atomic_path, atomic_write_text
+from rredcot_cli.train.steptime import PHASES
 
 # Two rows per artifact; floats are exactly representable in float32 so round trips compare equal.
 ROWS = {

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from rredcot_cli import runs
-from rredcot_cli.artifacts import read_artifact, write_artifact
-from rredcot_cli.runs import atomic_path, find_input, remove_stale_temporaries
+from rredcot_cli.store import runs
+from rredcot_cli.store.artifacts import read_artifact, write_artifact
+from rredcot_cli.store.runs import atomic_path, find_input, remove_stale_temporaries
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROW = {
@@ -26,7 +26,7 @@ ROW = {
 _HALF_WRITER = textwrap.dedent("""
     import sys, time
     import pyarrow.parquet as pq
-    from rredcot_cli.artifacts import write_artifact
+    from rredcot_cli.store.artifacts import write_artifact
 
     def half_then_hang(table, where, **kwargs):
         import io

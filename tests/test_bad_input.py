@@ -14,12 +14,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rredcot_cli import artifacts
-from rredcot_cli.artifacts import read_artifact, write_artifact
-from rredcot_cli.backends.base import Completion
+from rredcot_cli.store import artifacts
+from rredcot_cli.store.artifacts import read_artifact, write_artifact
+from rredcot_cli.policy.base import Completion
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.cli import app
-from rredcot_cli.config import group_options
+from rredcot_cli.config.compose import group_options
 from rredcot_cli.errors import ArtifactError, RredcotError, StorageError, TrainingError
 
 runner = CliRunner()
@@ -225,8 +225,9 @@ class _FixedBackend:
 
 
 def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_path):
-    from rredcot_cli.models import build_char_tokenizer
-    from rredcot_cli.rollout import Policy, sample_rows, segment_rows
+    from rredcot_cli.policy.models import build_char_tokenizer
+    from rredcot_cli.policy.load import Policy
+    from rredcot_cli.pipeline import sample_rows, segment_rows
     from rredcot_cli.segmenters import get_segmenter
 
     tokenizer = build_char_tokenizer()
@@ -259,7 +260,7 @@ def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_pat
 
 @pytest.fixture(scope="module")
 def tiny():
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 
     return load_model_and_tokenizer(resolve_model_path("embedded"), dtype="float32", device="cpu",
                                     trust_remote_code=False)
@@ -267,7 +268,7 @@ def tiny():
 
 def _nan_gradient_loss(logprobs, *args, **kwargs):
     """A finite loss (0) whose gradient is NaN, like an overflow inside the backward pass."""
-    from rredcot_cli.loss import policy_loss
+    from rredcot_cli.train.loss import policy_loss
 
     loss, stats = policy_loss(logprobs, *args, **kwargs)
     zero = (logprobs * 0).sum()
@@ -276,8 +277,8 @@ def _nan_gradient_loss(logprobs, *args, **kwargs):
 
 @pytest.mark.parametrize("kind", ["nan loss", "inf loss", "nan gradient"])
 def test_non_finite_updates_are_skipped_and_leave_the_weights(tiny, monkeypatch, kind):
-    from rredcot_cli import update
-    from rredcot_cli.loss import policy_loss
+    from rredcot_cli.train import update
+    from rredcot_cli.train.loss import policy_loss
 
     model, tokenizer = tiny
 
@@ -313,8 +314,8 @@ TRAIN = ["benchmark.min_steps=2", "benchmark.max_steps=3", "sampling.n=2", "samp
 
 def _losses_nan_on(monkeypatch, calls):
     """policy_loss returns NaN on the given 1-based calls."""
-    from rredcot_cli import update
-    from rredcot_cli.loss import policy_loss
+    from rredcot_cli.train import update
+    from rredcot_cli.train.loss import policy_loss
 
     count = {"n": 0}
 

@@ -122,7 +122,7 @@ def test_probe_tokens_char_tokenizer_unchanged():
 
     from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark
-    from rredcot_cli.models import build_char_tokenizer, resolve_model_path
+    from rredcot_cli.policy.models import build_char_tokenizer, resolve_model_path
     from rredcot_cli.values.answer_probe import probe_tokens
 
     templates = [ChainBenchmark.ANSWER_PROBE, BoxedMathBenchmark.ANSWER_PROBE, PROBE,

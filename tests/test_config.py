@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rredcot_cli import methods
-from rredcot_cli.config import CONF_DIR, ConfigError, compose, config_hash, default_options, group_options
+from rredcot_cli.config.compose import CONF_DIR, ConfigError, compose, config_hash, default_options, group_options
 from rredcot_cli.methods import MethodSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ def test_config_hash_is_stable():
     with pytest.raises(KeyError):
         config_hash(a, ["nope"])
     code = (
-        "from rredcot_cli.config import compose, config_hash;"
+        "from rredcot_cli.config.compose import compose, config_hash;"
         "print(config_hash(compose(['run.dir=a', 'train.lr=1e-4']), ['train', 'seed']))"
     )
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONHASHSEED": "123"}
@@ -210,8 +210,8 @@ def test_every_execution_key_is_an_option_and_names_no_run():
     real option, and changing one leaves a training run's hash (and config.yaml) unchanged."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.config import config_hash
-    from rredcot_cli.schema import EXECUTION_KEYS, Config
+    from rredcot_cli.config.compose import config_hash
+    from rredcot_cli.config.schema import EXECUTION_KEYS, Config
     from rredcot_cli.stages.train import CONFIG_KEYS, _hashed_config
 
     defaults = OmegaConf.structured(Config)

@@ -1,4 +1,4 @@
-"""The PPO critic (rredcot_cli/critic.py): where values are read in a packed row, the clipped value
+"""The PPO critic (rredcot_cli/train/critic.py): where values are read in a packed row, the clipped value
 loss, fitting, non-finite skipping, explained variance, and checkpoint round trips."""
 
 import io
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from rredcot_cli.critic import CriticStats, ValueCritic, explained_variance, value_loss
+from rredcot_cli.train.critic import CriticStats, ValueCritic, explained_variance, value_loss
 
 PAD = 0
 # Prompts and completions of different lengths (one completion empty), so rows carry left and

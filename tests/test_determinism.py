@@ -4,9 +4,9 @@ identical training metrics (all but the wall-clock `seconds`); another seed does
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.stages import sample, train
-from rredcot_cli.steptime import CLOCK_COLUMNS
+from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
 SMALL = ["benchmark.min_steps=2", "benchmark.max_steps=3", "sampling.n=3", "sampling.max_new_tokens=40",
          "sample.num_prompts=3",

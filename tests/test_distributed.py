@@ -1,4 +1,4 @@
-"""Data-parallel training (rredcot_cli/distributed.py) on the CPU: gloo, world size 2.
+"""Data-parallel training (rredcot_cli/train/distributed.py) on the CPU: gloo, world size 2.
 
 * The sharding rules, as properties.
 * One policy update under DDP and FSDP2 equals the one-process update that accumulates the same
@@ -32,8 +32,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from rredcot_cli.distributed import DataParallel, split_evenly
-from rredcot_cli.steptime import CLOCK_COLUMNS
+from rredcot_cli.train.distributed import DataParallel, split_evenly
+from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = REPO / "rredcot_cli" / "assets" / "tiny-chain"
@@ -106,7 +106,7 @@ def _model():
 def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: int = 8):
     """One policy update of the 8-row batch, two passes over it (mu = 2) in minibatches of
     ``minibatch_size``; returns its stats and the model's weights after it."""
-    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     prompts, completions, advantages = _batch()
     trained, plain, _ = parallel.wrap(model)
@@ -126,8 +126,8 @@ def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: i
 def _naive_gradient_gap(rank: int) -> float:
     """Max |gradient difference| between the one-process token-mean gradient of the batch and
     DDP over per-rank token means (each rank dividing by its own count)."""
-    from rredcot_cli.loss import policy_loss
-    from rredcot_cli.update import padded_completion_logprobs
+    from rredcot_cli.train.loss import policy_loss
+    from rredcot_cli.train.update import padded_completion_logprobs
 
     prompts, completions, advantages = _batch()
     reference = _model()
@@ -363,8 +363,8 @@ def _kill_tree(pid: int) -> None:
     (["train.parallel=fsdp2", "train.precision=fp16-mixed"], "fp16 loss scaling"),
 ])
 def test_what_data_parallelism_does_not_support_is_refused_in_one_line(monkeypatch, tmp_path, override, message):
-    from rredcot_cli import distributed
-    from rredcot_cli.config import compose
+    from rredcot_cli.train import distributed
+    from rredcot_cli.config.compose import compose
     from rredcot_cli.errors import TrainingError
     from rredcot_cli.stages import train
 
@@ -377,7 +377,7 @@ def test_what_data_parallelism_does_not_support_is_refused_in_one_line(monkeypat
 
 
 def test_an_unknown_parallel_mode_is_refused_before_anything_runs(tmp_path):
-    from rredcot_cli.config import compose
+    from rredcot_cli.config.compose import compose
     from rredcot_cli.errors import TrainingError
     from rredcot_cli.stages import train
 

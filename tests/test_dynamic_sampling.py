@@ -10,9 +10,9 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rredcot_cli import artifacts
-from rredcot_cli.trainer import training_samples
-from rredcot_cli.steptime import CLOCK_COLUMNS
+from rredcot_cli.store import artifacts
+from rredcot_cli.train.loop import training_samples
+from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rredcot_cli.logprobs as logprobs_module
-from rredcot_cli.backends.hf import HFBackend
-from rredcot_cli.logprobs import completion_logprobs, head_chunk_rows
-from rredcot_cli.rollout import Policy, completion_entropies, encode_prompt, format_prompt
+import rredcot_cli.policy.logprobs as logprobs_module
+from rredcot_cli.policy.hf import HFBackend
+from rredcot_cli.policy.logprobs import completion_logprobs, head_chunk_rows
+from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
+from rredcot_cli.pipeline import completion_entropies
 
 # Entropies are sums over 49k terms of about 10 nats on the random model: float32 rounding of the
 # decoder pass (the chunked path runs it over one column fewer) is ~1e-5 nats.

@@ -15,15 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batches import batch_from_segments
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.errors import ArtifactError, RredcotError
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.rredcot import redistribute
-from rredcot_cli.schema import SegmentConfig
+from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.segmenters import SEGMENTERS
-from rredcot_cli.verify import extract_boxed, math_equal
+from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
 
 
 

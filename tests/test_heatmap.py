@@ -10,7 +10,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark
 from rredcot_cli.cli import app
 from rredcot_cli.report.heatmap_cards import SelectionError, align_token_spans, build_cards, select_samples

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rredcot_cli.backends.base import SamplingParams
-from rredcot_cli.backends.hf import HFBackend, completion_logprobs, pack_prompt_completion
-from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+from rredcot_cli.policy.base import SamplingParams
+from rredcot_cli.policy.hf import HFBackend, completion_logprobs, pack_prompt_completion
+from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
 PROMPT_TEXTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "Find the first x in 1 2 with (3x+1)%10=7\n"]
 PROMPTS = [build_char_tokenizer()(text)["input_ids"] for text in PROMPT_TEXTS]  # backends take token ids

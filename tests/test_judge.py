@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.cli import app
-from rredcot_cli.judge import (
+from rredcot_cli.report.judge import (
     advantage_spread,
     agreement,
     average_ranks,
@@ -153,14 +153,14 @@ def test_token_at_char():
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy.models import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path("embedded"))
 
 
 def test_first_error_segment_of_constructed_chains(tokenizer):
     from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.rollout import credit_batch, segment_rows
+    from rredcot_cli.pipeline import credit_batch, segment_rows
     from rredcot_cli.segmenters import get_segmenter
 
     bench = make_benchmark("chain", min_steps=4, max_steps=4)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.errors import ArtifactError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rredcot_cli.backends.base import SamplingParams
-from rredcot_cli.backends.hf import HFBackend
-from rredcot_cli.logprobs import completion_logprobs, nucleus_logits, token_logprobs
-from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+from rredcot_cli.policy.base import SamplingParams
+from rredcot_cli.policy.hf import HFBackend
+from rredcot_cli.policy.logprobs import completion_logprobs, nucleus_logits, token_logprobs
+from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["Compute mod 10: 1 +2 *3\n", "ab\n", "x=3: f=17 no\n"]]

@@ -12,12 +12,12 @@ import torch
 
 pytest.importorskip("peft")
 
-from rredcot_cli import trainable  # noqa: E402
-from rredcot_cli.logprobs import completion_logprobs  # noqa: E402
-from rredcot_cli.models import load_model_and_tokenizer  # noqa: E402
-from rredcot_cli.precision import GradientStepper, resolve_precision  # noqa: E402
-from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
-from rredcot_cli.weights import hf_weights  # noqa: E402
+from rredcot_cli.train import trainable  # noqa: E402
+from rredcot_cli.policy.logprobs import completion_logprobs  # noqa: E402
+from rredcot_cli.policy.models import load_model_and_tokenizer  # noqa: E402
+from rredcot_cli.train.precision import GradientStepper, resolve_precision  # noqa: E402
+from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
+from rredcot_cli.policy.weights import hf_weights  # noqa: E402
 from tests.test_smoke import rredcot  # noqa: E402  (the CLI in a subprocess)
 
 LORA = trainable.LoraSettings(r=4, alpha=8.0, dropout=0.0, target_modules=("all-linear",))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rredcot_cli.loss import aggregate, kl_estimate, policy_loss
+from rredcot_cli.train.loss import aggregate, kl_estimate, policy_loss
 
 
 def test_aggregations_by_hand():
@@ -81,7 +81,7 @@ def test_kl_term_added_to_loss():
 
 
 def test_micro_batch_losses_sum_to_the_minibatch_loss():
-    from rredcot_cli.loss import loss_normalizer
+    from rredcot_cli.train.loss import loss_normalizer
 
     per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
@@ -95,7 +95,7 @@ def test_micro_batch_losses_sum_to_the_minibatch_loss():
 
 
 def test_sampler_correction_weights_by_hand():
-    from rredcot_cli.loss import sampler_correction_weights
+    from rredcot_cli.train.loss import sampler_correction_weights
 
     # log rho per token: row 0: log 3, log 0.5, padding; row 1: log 1.5, log 1.5
     old = torch.log(torch.tensor([[0.6, 0.1, 0.9], [0.3, 0.3, 0.5]]))

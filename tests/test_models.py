@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
-from rredcot_cli.models import (
+from rredcot_cli.policy.models import (
     DEFAULT_ALPHABET,
     EMBEDDED_MODEL,
     build_char_tokenizer,
@@ -23,7 +23,7 @@ from rredcot_cli.models import (
     load_model_and_tokenizer,
     resolve_model_path,
 )
-from rredcot_cli.model_files import save_tokenizer
+from rredcot_cli.policy.model_files import save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_import_rredcot_cli_does_not_import_torch():
 
 def test_train_sft_smoke(tmp_path):
     """A few SFT steps on a tiny architecture write a folder that loads like any HF model."""
-    from rredcot_cli.sft import train_sft
+    from rredcot_cli.train.sft import train_sft
 
     calls = []
 
@@ -182,7 +182,7 @@ def test_train_sft_smoke(tmp_path):
        seed=st.integers(0, 5))
 def test_grouped_by_length_is_a_permutation_with_no_more_padding(lengths, batch_size, seed):
     """Grouping reorders the examples (none lost or repeated) and never pads more than the input order."""
-    from rredcot_cli.sft import _grouped_by_length
+    from rredcot_cli.train.sft import _grouped_by_length
 
     examples = [([i], [0] * n) for i, n in enumerate(lengths)]
     grouped = _grouped_by_length(examples, batch_size, seed, window_batches=4)
@@ -199,7 +199,7 @@ def test_grouped_by_length_is_a_permutation_with_no_more_padding(lengths, batch_
 
 def test_train_sft_rehearsal_mixes_the_requested_fraction(tmp_path, monkeypatch):
     """sft.mix_fraction of the examples come from the rehearsal benchmark, shuffled among the rest."""
-    from rredcot_cli import sft as sft_module
+    from rredcot_cli.train import sft as sft_module
     from rredcot_cli.benchmarks.synthetic import ChainVerboseBenchmark
 
     seen = []

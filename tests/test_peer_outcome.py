@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.dapo import DAPOParams, dapo_advantage, overlong_penalty

@@ -11,7 +11,7 @@ import pytest
 import torch
 from batches import tiny_chain_credit_batch
 
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods._token_weights import reweighted_credit
 from rredcot_cli.methods.base import CreditBatch
@@ -169,7 +169,7 @@ def tiny():
 
 
 def run_method(tiny, name, **overrides):
-    from rredcot_cli.rollout import attribute, credit_rows
+    from rredcot_cli.pipeline import attribute, credit_rows
 
     policy, samples, make_batch = tiny
     batch = make_batch()
@@ -228,7 +228,7 @@ def test_cort_on_tiny_model(tiny):
 
 def test_uniform_groups_are_not_scored(tiny):
     """All-correct groups have advantage 0: nothing is rescored (no forward tokens counted)."""
-    from rredcot_cli.rollout import attribute
+    from rredcot_cli.pipeline import attribute
 
     policy, _, make_batch = tiny
     batch = make_batch()

@@ -49,7 +49,7 @@ def test_assemble_values_with_group_mean_baseline():
 
 
 def test_top_p_warp_hand_computed():
-    from rredcot_cli.backends.continuations import warp_logits
+    from rredcot_cli.policy.continuations import warp_logits
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     assert torch.allclose(warp_logits(logits, 1.0, 0.6).exp(), torch.tensor([[0.625, 0.375, 0.0]]))
@@ -154,7 +154,7 @@ def test_combine_token_attributions_hand_computed():
 
 @pytest.fixture(scope="module")
 def policy():
-    from rredcot_cli.rollout import load_policy
+    from rredcot_cli.policy.load import load_policy
 
     return load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
                        backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
@@ -165,7 +165,7 @@ def policy():
 def traces(policy):
     """2 prompts x 2 sampled completions of short chains, newline-segmented, as the stages make them."""
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark
-    from rredcot_cli.rollout import sample_rows, segment_rows
+    from rredcot_cli.pipeline import sample_rows, segment_rows
     from rredcot_cli.segmenters import get_segmenter
 
     bench = ChainBenchmark(2, 3)
@@ -179,7 +179,7 @@ def traces(policy):
 
 def run_method(name, traces, policy, **params):
     from rredcot_cli.methods import get_method
-    from rredcot_cli.rollout import attribute, credit_batch, credit_rows
+    from rredcot_cli.pipeline import attribute, credit_batch, credit_rows
 
     bench, _, samples, segments = traces
     spec = get_method(name)
@@ -198,7 +198,7 @@ def run_method(name, traces, policy, **params):
 
 
 def test_continuations_greedy_match_generate_and_do_not_depend_on_batching(policy):
-    from rredcot_cli.backends.continuations import sample_continuations
+    from rredcot_cli.policy.continuations import sample_continuations
 
     tok = policy.tokenizer
     prefixes = [tok("Compute mod 10: 3 +4 *2\n", add_special_tokens=False)["input_ids"],
@@ -224,7 +224,7 @@ def test_continuations_same_with_transformers_cache(policy, monkeypatch):
     samples: transformers' concatenating cache gives the same continuations."""
     from transformers import DynamicCache
 
-    import rredcot_cli.backends.continuations as mc
+    import rredcot_cli.policy.continuations as mc
 
     tok = policy.tokenizer
     prefixes = [tok("Compute mod 10: 3 +4 *2\n", add_special_tokens=False)["input_ids"],
@@ -244,7 +244,7 @@ def test_continuations_keep_each_prefix_budget_and_mc_gives_what_is_left(policy)
     is longer than the sampler's budget."""
     import functools
 
-    from rredcot_cli.backends.continuations import sample_continuations
+    from rredcot_cli.policy.continuations import sample_continuations
     from rredcot_cli.values.mc import mc_rewards
 
     tok = policy.tokenizer
@@ -275,7 +275,7 @@ def test_mc_grades_a_cut_continuation_as_a_truncated_sample():
     follow (benchmarks.base.grade_completion); before, mc scored it as finished."""
     from rredcot_cli.methods.base import CreditBatch
     from rredcot_cli.methods.mc import batch_verifier
-    from rredcot_cli.models import build_char_tokenizer
+    from rredcot_cli.policy.models import build_char_tokenizer
 
     tok = build_char_tokenizer()
     batch = CreditBatch.__new__(CreditBatch)
@@ -335,11 +335,11 @@ def test_mc_sampled_values_in_unit_interval_and_seeded(traces, policy):
 def test_loo_packed_scores_equal_scoring_the_shortened_text(traces, policy):
     """Each dropped-segment score must equal the forced answer scored after the text with that
     segment really deleted (run from scratch)."""
-    from rredcot_cli.backends.hf import completion_logprobs
+    from rredcot_cli.policy.hf import completion_logprobs
     from rredcot_cli.methods._attribution import reasoning_ends, segment_spans
     from rredcot_cli.methods.loo import loo_scores
     from rredcot_cli.methods.rredcot import answer_candidates
-    from rredcot_cli.rollout import credit_batch
+    from rredcot_cli.pipeline import credit_batch
 
     bench, _, samples, segments = traces
     batch = credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
@@ -393,7 +393,7 @@ def grad_row(traces, policy, i):
     from rredcot_cli.methods._attribution import reasoning_ends, segment_spans
     from rredcot_cli.methods.gradient import GradRow
     from rredcot_cli.methods.rredcot import answer_candidates
-    from rredcot_cli.rollout import credit_batch
+    from rredcot_cli.pipeline import credit_batch
 
     bench, _, samples, segments = traces
     batch = credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
@@ -498,7 +498,7 @@ def test_gradient_runs_through_attribute(traces, policy):
 
 
 def test_presets_compose():
-    from rredcot_cli.config import compose
+    from rredcot_cli.config.compose import compose
 
     assert compose(["method=mc"]).method.k == 8
     assert compose(["method=loo", "method.score=value"]).method.score == "value"

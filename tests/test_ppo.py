@@ -14,7 +14,7 @@ import torch
 
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.ppo import gae, masked_whiten, ppo, terminal_rewards
-from rredcot_cli.steptime import CLOCK_COLUMNS
+from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,7 +175,7 @@ def test_attribute_ppo_with_a_trained_critic_and_a_bad_path(tmp_path):
 
 @pytest.mark.parametrize("method", ["grpo", "ppo"])
 def test_critic_options_name_only_runs_that_train_a_critic(method):
-    from rredcot_cli.config import compose, config_hash
+    from rredcot_cli.config.compose import compose, config_hash
     from rredcot_cli.methods import get_method
     from rredcot_cli.stages.train import config_keys
 

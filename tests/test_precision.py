@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from rredcot_cli import trainable
-from rredcot_cli.models import build_char_tokenizer, build_tiny_model
-from rredcot_cli.precision import GradientStepper, resolve_precision
-from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.train import trainable
+from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
+from rredcot_cli.train.precision import GradientStepper, resolve_precision
+from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -115,8 +115,8 @@ def test_fp16_mixed_trains_with_loss_scaling_and_counts_overflows_apart(base_mod
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
     # A loss whose scaled gradient overflows: skipped by the scaler, not counted as divergence.
-    from rredcot_cli import update
-    from rredcot_cli.loss import policy_loss
+    from rredcot_cli.train import update
+    from rredcot_cli.train.loss import policy_loss
 
     def huge(*args, **kwargs):
         loss, stats = policy_loss(*args, **kwargs)

@@ -8,11 +8,12 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from rredcot_cli.backends.base import Completion
-from rredcot_cli.backends.hf import HFBackend
+from rredcot_cli.policy.base import Completion
+from rredcot_cli.policy.hf import HFBackend
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark
-from rredcot_cli.models import build_tiny_model
-from rredcot_cli.rollout import Policy, encode_prompt, sample_rows
+from rredcot_cli.policy.models import build_tiny_model
+from rredcot_cli.policy.load import Policy, encode_prompt
+from rredcot_cli.pipeline import sample_rows
 
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+-*/=:.,?()%! \n"
 
@@ -71,7 +72,7 @@ def test_encode_prompt_and_hf_generate_agree_on_a_bos_tokenizer():
     ids = encode_prompt(tok, "3+4=?\n", chat_template=False)
     assert ids[0] == 3 and ids.count(3) == 1
     backend = HFBackend(model, tok, batch_size=4)
-    from rredcot_cli.backends.base import SamplingParams
+    from rredcot_cli.policy.base import SamplingParams
 
     completions = backend.generate([ids], SamplingParams(n=2, max_new_tokens=6, temperature=1.0), seed=0)[0]
     scored, _ = backend.score([ids, ids], [c.token_ids for c in completions])

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.cli import app
 from rredcot_cli.report.compare import build_report
 
@@ -218,7 +218,7 @@ def test_paired_differences_and_sample_efficiency_against_grpo(tmp_path):
 
 
 def test_advantage_spread_section(tmp_path):
-    from rredcot_cli import artifacts
+    from rredcot_cli.store import artifacts
 
     runs = [write_run(tmp_path / f"g{seed}", "grpo", seed, {0: 0.4, 2: 0.6}, EVAL_ROWS) for seed in (0, 1)]
     for run, stds in zip(runs, ([0.5, 1.5], [1.0, 2.0])):  # run means 1.0 and 1.5 -> 1.25

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rredcot_cli.errors import RunError
-from rredcot_cli.runs import begin_stage
+from rredcot_cli.store.runs import begin_stage
 
 
 def make_cfg(run_dir, **changes):

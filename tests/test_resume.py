@@ -17,10 +17,10 @@ import torch
 from omegaconf import OmegaConf
 
 from rredcot_cli.errors import RunError
-from rredcot_cli.runs import begin_stage, remove_stale_temporaries, sha256_file
-from rredcot_cli import train_state
+from rredcot_cli.store.runs import begin_stage, remove_stale_temporaries, sha256_file
+from rredcot_cli.train import checkpoint
 from rredcot_cli.stages import train
-from rredcot_cli.steptime import CLOCK_COLUMNS
+from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small enough for seconds per step on one CPU thread, with a non-zero policy gradient at every
@@ -126,7 +126,7 @@ def test_resume_refuses_an_attempt_made_with_other_options(tmp_path):
 
 
 def test_resume_and_the_divergence_limit_do_not_change_the_run_identity():
-    from rredcot_cli.config import compose, config_hash
+    from rredcot_cli.config.compose import compose, config_hash
 
     plain = train._hashed_config(compose([]))
     resumed = train._hashed_config(compose(["train.resume=true", "train.max_nonfinite_updates=9"]))
@@ -137,8 +137,8 @@ def test_resume_and_the_divergence_limit_do_not_change_the_run_identity():
 
 def _fake_state(folder, config_hash, step):
     folder.mkdir(parents=True)
-    torch.save({train_state.KEY_FORMAT: train_state.STATE_FORMAT, train_state.KEY_CONFIG_HASH: config_hash,
-                train_state.KEY_PROGRESS: {"step": step}}, folder / train_state.STATE_FILE)
+    torch.save({checkpoint.KEY_FORMAT: checkpoint.STATE_FORMAT, checkpoint.KEY_CONFIG_HASH: config_hash,
+                checkpoint.KEY_PROGRESS: {"step": step}}, folder / checkpoint.STATE_FILE)
 
 
 def test_latest_state_is_the_highest_complete_one_of_this_config(tmp_path):
@@ -149,10 +149,10 @@ def test_latest_state_is_the_highest_complete_one_of_this_config(tmp_path):
     (checkpoints / "step-000008").mkdir()  # no state file
     _fake_state(checkpoints / "step-000010.tmp-x1", "aaa", 10)  # a killed write
     (checkpoints / "step-000012").mkdir()
-    (checkpoints / "step-000012" / train_state.STATE_FILE).write_bytes(b"truncated")
-    assert train_state.latest(checkpoints, "aaa")["progress"]["step"] == 4
-    assert train_state.latest(checkpoints, "ccc") is None
-    assert train_state.latest(tmp_path / "nowhere", "aaa") is None
+    (checkpoints / "step-000012" / checkpoint.STATE_FILE).write_bytes(b"truncated")
+    assert checkpoint.latest(checkpoints, "aaa")["progress"]["step"] == 4
+    assert checkpoint.latest(checkpoints, "ccc") is None
+    assert checkpoint.latest(tmp_path / "nowhere", "aaa") is None
 
 
 def test_leftovers_of_killed_writers_are_cleaned_and_a_half_swapped_folder_restored(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from batches import batch_from_segments, tiny_chain_credit_batch
-from rredcot_cli.config import compose
+from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.delta_belief import belief_changes, delta_belief_credit, shape_changes, turnwise_grpo
@@ -214,7 +214,7 @@ def tiny():
 
 
 def run_method(tiny, name, **overrides):
-    from rredcot_cli.rollout import attribute, credit_rows
+    from rredcot_cli.pipeline import attribute, credit_rows
 
     policy, samples, make_batch = tiny
     batch = make_batch()

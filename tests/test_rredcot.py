@@ -131,7 +131,7 @@ def test_probe_scorers_run_the_lm_head_on_scored_positions_only(random_model, sc
     """With a 152k vocabulary, full logits of a probe batch would be tens of GB: the LM head runs on
     the positions a probe scores, in chunks, and a model whose logits are more than the head of the
     last hidden state (soft-capping) falls back to one full pass. Same numbers either way."""
-    import rredcot_cli.logprobs as logprobs_module
+    import rredcot_cli.policy.logprobs as logprobs_module
 
     g = torch.Generator().manual_seed(2)
     traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (30, 17, 45)]
@@ -219,9 +219,10 @@ def test_suffix_is_blames_the_single_wrong_step():
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
     from rredcot_cli.methods import get_method
     from rredcot_cli.methods.rredcot import RREDCoTParams
-    from rredcot_cli.rollout import attribute, credit_batch, load_policy, segment_rows
+    from rredcot_cli.policy.load import load_policy
+    from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
     from rredcot_cli.segmenters import get_segmenter
-    from rredcot_cli.update import chunked_completion_logprobs
+    from rredcot_cli.train.update import chunked_completion_logprobs
 
     policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
                          backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,

@@ -8,7 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rredcot_cli.errors import ArtifactError, RunError
-from rredcot_cli.runs import begin_stage, derive_seed, find_input, sha256_file
+from rredcot_cli.rng import derive_seed
+from rredcot_cli.store.runs import begin_stage, find_input, sha256_file
 
 KEYS = ["seed", "sampling"]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot_cli.schema import SegmentConfig
+from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.segmenters import (
     DEFAULT_KEYWORDS,
     SEGMENTERS,

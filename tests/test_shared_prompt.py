@@ -1,4 +1,4 @@
-"""Shared-prompt decode (rredcot_cli/shared_prompt.py): a prompt's samples share its keys and values,
+"""Shared-prompt decode (rredcot_cli/policy/shared_prompt.py): a prompt's samples share its keys and values,
 yet decode the tokens and log-probs of a copy per sample; and the 16-bit KV option."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rredcot_cli.backends.base import SamplingParams
-from rredcot_cli.backends.hf import HFBackend
-from rredcot_cli.models import build_char_tokenizer
-from rredcot_cli.shared_prompt import prompt_groups
+from rredcot_cli.policy.base import SamplingParams
+from rredcot_cli.policy.hf import HFBackend
+from rredcot_cli.policy.models import build_char_tokenizer
+from rredcot_cli.policy.shared_prompt import prompt_groups
 
 TEXTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "x\n", "Compute mod 10: 1 +2 *3\n"]
 
@@ -60,7 +60,7 @@ def test_rows_leave_before_the_first_generated_position():
     position: the groups shrink (a prompt no row samples from is dropped) and decoding goes on."""
     from types import SimpleNamespace
 
-    from rredcot_cli.shared_prompt import shared_prompt_cache
+    from rredcot_cli.policy.shared_prompt import shared_prompt_cache
 
     G, H, P, D = 3, 2, 5, 4
     prefill = SimpleNamespace(layers=[SimpleNamespace(keys=torch.randn(G, H, P, D), values=torch.randn(G, H, P, D))])
@@ -90,8 +90,8 @@ def test_bfloat16_kv_cache_stays_close_to_the_model():
 
 def test_kv_cache_dtype_options():
     from rredcot_cli.errors import RredcotError
-    from rredcot_cli.rollout import load_policy
-    from rredcot_cli.update import old_from_sampler
+    from rredcot_cli.policy.load import load_policy
+    from rredcot_cli.train.update import old_from_sampler
 
     assert old_from_sampler("auto", "hf", "fp32", "none", "auto")
     assert not old_from_sampler("auto", "hf", "fp32", "none", "bfloat16")  # other numbers: recompute

@@ -100,7 +100,7 @@ def test_sft_continues_from_a_shipped_model(tmp_path):
     """sft.init=tiny-chain starts from the shipped weights (a few small steps move them a little)."""
     from safetensors.torch import load_file
 
-    from rredcot_cli.models import EMBEDDED_DIR
+    from rredcot_cli.policy.models import EMBEDDED_DIR
 
     run = tmp_path / "runs" / "sft-init"
     rredcot("sft", f"run.dir={run}", "sft.init=tiny-chain", "sft.steps=2", "sft.batch_size=2", "sft.lr=1e-5",

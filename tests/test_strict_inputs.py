@@ -15,11 +15,11 @@ import typing
 import pytest
 from typer.testing import CliRunner
 
-from rredcot_cli import artifacts
+from rredcot_cli.store import artifacts
 from rredcot_cli.cli import app
-from rredcot_cli.config import ConfigError, _schema_type, compose, group_options, parse_range
+from rredcot_cli.config.compose import ConfigError, _schema_type, compose, group_options, parse_range
 from rredcot_cli.methods import get_method, method_names
-from rredcot_cli.schema import DIVISIBLE_BY, RANGES, Config
+from rredcot_cli.config.schema import DIVISIBLE_BY, RANGES, Config
 
 runner = CliRunner()
 
@@ -57,7 +57,7 @@ def _numeric_fields(tp, prefix=""):
 def test_every_numeric_option_has_a_range():
     numeric = set(_numeric_fields(Config))
     missing = sorted(numeric - set(RANGES))
-    assert not missing, f"add these to rredcot_cli.schema.RANGES: {missing}"
+    assert not missing, f"add these to rredcot_cli.config.schema.RANGES: {missing}"
     unknown = sorted(set(RANGES) - numeric)
     assert not unknown, f"RANGES names options the schema has not (or not numeric): {unknown}"
     for key, spec in RANGES.items():
@@ -107,7 +107,7 @@ def test_every_preset_with_every_method_is_in_range(experiment):
     ("[0, 1)", [0.5, 0.9], True), ("[0, 1)", [0.5, 1.5], False),
 ])
 def test_range_specs(spec, value, ok):
-    from rredcot_cli.config import range_error
+    from rredcot_cli.config.compose import range_error
 
     assert (range_error("k", value, spec, lambda name: None) is None) == ok
 
@@ -186,7 +186,7 @@ def test_a_preset_value_out_of_range_is_named_too(tmp_path):
 
 
 def _model_folders(tmp_path):
-    from rredcot_cli.models import EMBEDDED_DIR
+    from rredcot_cli.policy.models import EMBEDDED_DIR
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -227,7 +227,7 @@ def test_a_path_without_a_model_fails_in_one_line(tmp_path, stage, case):
 
 
 def test_a_model_folder_below_the_given_one_is_suggested(tmp_path):
-    from rredcot_cli.models import EMBEDDED_DIR
+    from rredcot_cli.policy.models import EMBEDDED_DIR
 
     nested = tmp_path / "run" / "train" / "checkpoints" / "final"
     nested.mkdir(parents=True)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rredcot_cli.steptime import PHASES, StepClock
+from rredcot_cli.train.steptime import PHASES, StepClock
 
 
 def test_step_clock_counts_nested_phases_once():
@@ -26,7 +26,7 @@ def test_step_clock_counts_nested_phases_once():
 
 
 def test_resumed_history_gets_the_phase_columns():
-    from rredcot_cli.trainer import _with_phase_columns
+    from rredcot_cli.train.loop import _with_phase_columns
 
     old = [{"step": 1, "seconds": 2.0}]
     rows = _with_phase_columns(old)
@@ -125,7 +125,7 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
 
 
 def test_micro_batches_sort_by_length_and_keep_the_budget():
-    from rredcot_cli.update import micro_batches
+    from rredcot_cli.train.update import micro_batches
 
     prompts = [[1] * n for n in (3, 5, 4, 2, 6, 3, 4)]
     completions = [[2] * n for n in (10, 2, 7, 30, 1, 5, 9)]
@@ -147,8 +147,8 @@ def test_micro_batches_sort_by_length_and_keep_the_budget():
 def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None, updates=2):
     import torch
 
-    from rredcot_cli.models import build_char_tokenizer
-    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.models import build_char_tokenizer
+    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -160,7 +160,7 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     if sampler == "teacher-forced":
-        from rredcot_cli.update import chunked_completion_logprobs
+        from rredcot_cli.train.update import chunked_completion_logprobs
 
         sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
     stats = policy_update(
@@ -177,7 +177,7 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
 def tiny_policy():
     import torch
 
-    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+    from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
     torch.manual_seed(0)
     return build_tiny_model(len(build_char_tokenizer()), hidden_size=32, num_layers=2, num_heads=2,
@@ -216,7 +216,7 @@ def test_sampler_logprobs_as_old_give_the_recomputed_update(tiny_policy):
 
 
 def test_old_logprobs_auto_reuses_the_sampler_only_where_it_is_the_trained_model():
-    from rredcot_cli.update import old_from_sampler
+    from rredcot_cli.train.update import old_from_sampler
 
     assert old_from_sampler("auto", "hf", "fp32", "none")
     assert not old_from_sampler("auto", "vllm", "fp32", "none")
@@ -235,10 +235,10 @@ def test_growing_cache_decodes_the_same_tokens_and_logprobs():
     (which concatenates the whole cache per token): same seed, same completions, same numbers."""
     import torch
 
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.kvcache import growing_cache
-    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.kvcache import growing_cache
+    from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -264,9 +264,9 @@ def test_compacting_decode_gives_the_tokens_generate_gives():
     rounding), under temperature and top-p, and greedy."""
     import torch
 
-    from rredcot_cli.backends.base import SamplingParams
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.models import build_char_tokenizer, build_tiny_model
+    from rredcot_cli.policy.base import SamplingParams
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -293,7 +293,7 @@ def test_advantage_std_is_over_completion_tokens_only():
     """advantages [[1, 3, 9], [2, 9, 9]] with the 9s on padding: std of {1, 3, 2} = 1 (n-1)."""
     import torch
 
-    from rredcot_cli.trainer import _advantage_std
+    from rredcot_cli.train.loop import _advantage_std
 
     advantages = torch.tensor([[1.0, 3.0, 9.0], [2.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])

@@ -1,4 +1,4 @@
-"""Trackers (rredcot_cli/tracking.py): each adapter, with its own library, writes the step scalars
+"""Trackers (rredcot_cli/train/tracking.py): each adapter, with its own library, writes the step scalars
 where a user reads them back offline, and a resumed run (same run id) continues the same tracker
 run. TensorBoard is in the test extra; the others are skipped unless installed
 (pip install "rredcot[wandb,trackio,mlflow]"). `rredcot train tracking=[tensorboard]` end to end is
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rredcot_cli import tracking
+from rredcot_cli.train import tracking
 
 CONFIG = {"seed": 3, "train": {"lr": 3e-5, "betas": [0.9, 0.99]}, "tracking": ["x"]}
 ROWS = [{"step": s, "reward_mean": 0.25 * s, "accuracy": 0.5, "kl": float("nan"), "eval_accuracy": None,

@@ -1,4 +1,4 @@
-"""rredcot_cli.verify: boxed extraction, math-verify equivalences, and the hard time limit."""
+"""rredcot_cli.benchmarks.verify: boxed extraction, math-verify equivalences, and the hard time limit."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from rredcot_cli import verify
-from rredcot_cli.verify import TIMED_OUT, call_with_timeout, extract_boxed, math_equal
+from rredcot_cli.benchmarks import verify
+from rredcot_cli.benchmarks.verify import TIMED_OUT, call_with_timeout, extract_boxed, math_equal
 
 # (gold, completion) pairs that must be accepted.
 ACCEPTED = [

@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from rredcot_cli.backends.base import SamplingParams
+from rredcot_cli.policy.base import SamplingParams
 from rredcot_cli.errors import RredcotError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_importing_the_module_does_not_import_vllm():
-    code = "import sys, rredcot_cli.backends.vllm; assert 'vllm' not in sys.modules, 'vllm imported'"
+    code = "import sys, rredcot_cli.policy.vllm; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_request_seeds_are_distinct():
-    from rredcot_cli.backends.vllm import request_seed
+    from rredcot_cli.policy.vllm import request_seed
 
     seeds = {request_seed(7, i, j, 4) for i in range(10) for j in range(4)}
     assert len(seeds) == 40
@@ -127,14 +127,14 @@ def _install_fake_vllm(monkeypatch, device_type="cpu", in_process=True):
 
 @pytest.fixture
 def char_tokenizer():
-    from rredcot_cli import models
+    from rredcot_cli.policy import models
 
     return models.build_char_tokenizer()
 
 
 def _fake_backend(monkeypatch, tokenizer, device_type="cpu", in_process=True, **kwargs):
     _install_fake_vllm(monkeypatch, device_type=device_type, in_process=in_process)
-    from rredcot_cli.backends.vllm import VLLMBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
 
     return VLLMBackend("/nowhere/model", tokenizer=tokenizer, seed=3, **{"dtype": "fp32", **kwargs})
 
@@ -239,7 +239,7 @@ def test_fake_vllm_sync_out_of_process_writes_files_once(monkeypatch, char_token
 def test_weight_files_are_sharded(tmp_path):
     from safetensors.torch import load_file
 
-    from rredcot_cli.backends.vllm import write_weight_files
+    from rredcot_cli.policy.vllm import write_weight_files
 
     weights = [(f"w{i}", torch.full((4, 4), float(i))) for i in range(5)]
     paths = write_weight_files(weights, tmp_path, torch.float32, shard_bytes=2 * 64)
@@ -282,7 +282,7 @@ def test_fake_vllm_config_errors(monkeypatch, char_tokenizer):
 
 def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, char_tokenizer):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ModuleNotFoundError
-    from rredcot_cli.backends.vllm import VLLMBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
 
     with pytest.raises(RredcotError, match=r'not installed: pip install -e "\.\[vllm\]"') as info:
         VLLMBackend("/nowhere", tokenizer=char_tokenizer)
@@ -290,8 +290,8 @@ def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, char_tok
 
 
 def test_batch_size_zero_means_all_prompts_in_one_call(tmp_path):
-    from rredcot_cli.config import compose
-    from rredcot_cli.rollout import load_policy
+    from rredcot_cli.config.compose import compose
+    from rredcot_cli.policy.load import load_policy
     from rredcot_cli.stages.common import prompts_per_call
 
     assert prompts_per_call(0, 8) == sys.maxsize and prompts_per_call(64, 8) == 8 and prompts_per_call(4, 8) == 1
@@ -319,7 +319,7 @@ def _max_diff(a, b) -> float:
 @pytest.fixture(scope="module")
 def hf_model():
     pytest.importorskip("vllm")
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 
     path = str(resolve_model_path("embedded"))
     model, tokenizer = load_model_and_tokenizer(path, dtype="float32", device="cpu")
@@ -329,8 +329,8 @@ def hf_model():
 @pytest.fixture(scope="module")
 def engine(hf_model):
     """One in-process CPU engine for the module (~10 s to start)."""
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.backends.vllm import VLLMBackend
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
 
     path, model, tokenizer = hf_model
     vb = VLLMBackend(path, tokenizer=tokenizer, dtype="float32", device="cpu", enforce_eager=True, seed=0)
@@ -340,7 +340,7 @@ def engine(hf_model):
 
 @pytest.fixture(scope="module")
 def prompts(hf_model):
-    from rredcot_cli.rollout import encode_prompt
+    from rredcot_cli.policy.load import encode_prompt
 
     return [encode_prompt(hf_model[2], text, chat_template=False) for text in TEXTS]
 
@@ -485,7 +485,7 @@ def _check_sync(hf, vb, prompts, sleep_first: bool = False):
     """Perturb a copy of the policy, sync it (after a ``sleep`` if asked), and require vLLM to
     score as the copy does; then sync the original back. Returns (largest change of the scores,
     largest mismatch with the perturbed HF model, largest mismatch after restoring)."""
-    from rredcot_cli.backends.hf import HFBackend
+    from rredcot_cli.policy.hf import HFBackend
 
     groups = vb.generate(prompts, SamplingParams(n=1, max_new_tokens=24), seed=1)
     p_rows, c_rows = _rows(prompts, groups)
@@ -520,7 +520,7 @@ def test_real_sync_weights_from_files_for_an_engine_in_another_process(hf_model,
     read the weights from a safetensors folder."""
     import vllm.envs
 
-    from rredcot_cli.backends.vllm import VLLMBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
 
     hf, _ = engine
     path, _, tokenizer = hf_model
@@ -547,10 +547,10 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
     after every sync the engine scores as the adapter model (adapters merged out of place), and
     the live policy keeps its unmerged adapters."""
     pytest.importorskip("peft")
-    from rredcot_cli import trainable
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.precision import GradientStepper, resolve_precision
-    from rredcot_cli.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train import trainable
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.train.precision import GradientStepper, resolve_precision
+    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
 
     hf, vb = engine
     torch.manual_seed(0)
@@ -612,9 +612,9 @@ def test_real_cli_train_with_vllm(tmp_path, hf_model):
 def gpu_engine(hf_model):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from rredcot_cli.backends.hf import HFBackend
-    from rredcot_cli.backends.vllm import VLLMBackend
-    from rredcot_cli.models import load_model_and_tokenizer
+    from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.policy.vllm import VLLMBackend
+    from rredcot_cli.policy.models import load_model_and_tokenizer
 
     path = hf_model[0]
     model, tokenizer = load_model_and_tokenizer(path, dtype="float32", device="cuda")

@@ -12,7 +12,7 @@ maj@k. No answer scores 0.0.
 from __future__ import annotations
 
 from rredcot_cli.benchmarks.base import Problem
-from rredcot_cli.verify import extract_boxed, math_equal
+from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
 
 
 class BoxedMathBenchmark:

@@ -5,7 +5,7 @@ the number after ``####`` with thousands separators removed. The answer of a com
 this order: the content of the last ``\\boxed{}``; else the number after the last explicit
 final-answer marker (``####`` or ``final answer is``/``final answer:``, case-insensitive); else
 the last number of the completion. That one answer is recorded as ``pred_answer`` and checked
-with math-verify (``rredcot_cli.verify.math_equal``) against the gold.
+with math-verify (``rredcot_cli.benchmarks.verify.math_equal``) against the gold.
 
 A completion cut off at the token budget (``truncated``: ``finish_reason == "length"``) has not
 stated a final answer unless it wrote a marker, so it gets no last-number fallback: without a
@@ -23,7 +23,7 @@ from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
 from rredcot_cli.data import read_split
 from rredcot_cli.errors import RredcotError
-from rredcot_cli.verify import extract_boxed
+from rredcot_cli.benchmarks.verify import extract_boxed
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 # An explicit final-answer marker and the number it introduces ("#### 1,234", "The final answer

@@ -148,7 +148,7 @@ class JSONLBenchmark:
         """The answer by ``extractor`` (module docstring); ``truncated``: the completion hit the
         token budget (``last_number`` then needs a final-answer marker)."""
         if self.extractor == "boxed":
-            from rredcot_cli.verify import extract_boxed
+            from rredcot_cli.benchmarks.verify import extract_boxed
 
             return extract_boxed(completion)
         if self.extractor == "last_number":
@@ -189,7 +189,7 @@ class JSONLBenchmark:
             if g is None:
                 return None  # a gold that is not a number: unscorable, not wrong
             return float(a is not None and abs(a - g) <= self.tolerance * max(1.0, abs(g)))
-        from rredcot_cli.verify import math_equal
+        from rredcot_cli.benchmarks.verify import math_equal
 
         result = math_equal(gold, "\\boxed{" + answer + "}", timeout_s=self.verify_timeout_s)
         return None if result is None else float(result)

@@ -2,7 +2,7 @@
 
 Rows have ``problem``, ``solution``, ``answer`` (LaTeX), ``subject``, ``level`` and ``unique_id``.
 The gold is ``answer``; completions are checked with math-verify
-(``rredcot_cli.verify.math_equal``) on their last ``\\boxed{}``.
+(``rredcot_cli.benchmarks.verify.math_equal``) on their last ``\\boxed{}``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class MethodSpec:
     # The credit of a row depends on other groups of the batch (e.g. whitening over the batch),
     # so data-parallel training computes it on the whole batch rather than per rank's groups.
     batch_wide: bool = False
-    # Meaningful range of each numeric parameter, as in rredcot_cli.schema.RANGES ("> 0",
+    # Meaningful range of each numeric parameter, as in rredcot_cli.config.schema.RANGES ("> 0",
     # "[0, 1)", ...); checked when the config is composed (method.<param>=value).
     ranges: dict[str, str] = field(default_factory=dict)
     # Whether the method, with these hyper-parameters (a dict of its params), scores a forced answer
@@ -46,7 +46,7 @@ _NOT_METHOD_MODULES = {"base"}
 def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False,
              ranges: dict[str, str] | None = None, forced_answer: Callable[[dict], bool] | None = None) -> Callable:
     """Register ``fn`` as credit method ``name``; ``ranges`` gives each numeric parameter of
-    ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.schema.RANGES``);
+    ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.config.schema.RANGES``);
     ``forced_answer(params)`` says whether it scores a forced answer (``MethodSpec``)."""
 
     def decorator(fn: Callable) -> Callable:

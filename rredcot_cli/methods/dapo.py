@@ -20,7 +20,7 @@ DAPO's other three techniques live outside the advantage:
   - token-level loss: ``train.loss_agg=token-mean``; no KL term: ``train.kl_coef=0``
     (``experiment=dapo`` sets all of these);
   - dynamic sampling (over-sample prompts, drop groups whose accuracy is 0 or 1, refill the
-    batch) is a training-loop option, ``train.dynamic_sampling=true`` (rredcot_cli/trainer.py
+    batch) is a training-loop option, ``train.dynamic_sampling=true`` (rredcot_cli/train/loop.py
     ``training_samples``), because it draws new samples. Without it, ``zero_uniform_groups`` gives
     a group whose correctness rewards are all equal advantage 0 even when the length penalty
     differs within it, so such groups add no gradient; unlike dynamic sampling they still count in

@@ -4,7 +4,7 @@ arXiv 1506.02438; "Proximal Policy Optimization Algorithms", arXiv 1707.06347), 
 toolkits use for language models (verl ``compute_gae_advantage_return``; peer-methods.md 1.5).
 
 A completion of T tokens is an episode of T actions; state s_t is the prompt plus the first t
-completion tokens, V(s_t) the critic's estimate (rredcot_cli/critic.py) and the only reward is the
+completion tokens, V(s_t) the critic's estimate (rredcot_cli/train/critic.py) and the only reward is the
 verified one on the last token:
 
     r_t     = R if t = T - 1 else 0

@@ -130,7 +130,7 @@ def _schema_defaults(groups: Sequence[str]) -> dict[str, Any]:
     before it existed (their config.yaml lacks it)."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.schema import Config
+    from rredcot_cli.config.schema import Config
 
     return config_leaves(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), groups)
 

@@ -11,7 +11,7 @@ Pure functions over artifact rows (lists of dicts, as ``pyarrow.Table.to_pylist`
 - ``align_token_spans(completion, texts)``: where each decoded token sits in the completion.
 
 Token texts come from the caller (``token_texts``: per-completion lists of decoded token strings,
-e.g. ``rredcot_cli.rollout.token_texts``); without them each segment is shown as one piece.
+e.g. ``rredcot_cli.pipeline.token_texts``); without them each segment is shown as one piece.
 """
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from rredcot_cli import runs as run_files
+from rredcot_cli.store import runs as run_files
 from rredcot_cli.errors import ArtifactError, RunError
 from rredcot_cli.metrics import accuracy_by_bucket
 # Leaves that say how a run was executed, not what it computed, never split groups: the one rule
 # that also leaves them out of a training run's hash.
-from rredcot_cli.schema import EXECUTION_KEYS
+from rredcot_cli.config.schema import EXECUTION_KEYS
 
 TRAIN_FILES = ("manifest.json", "config.yaml", "summary.json", "metrics.parquet", "eval.parquet")
 
@@ -111,7 +111,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def load_run(path: str | Path) -> RunResult:
     """Read one finished training run; ``RunError``/``ArtifactError`` say what is missing."""
-    from rredcot_cli import artifacts
+    from rredcot_cli.store import artifacts
 
     run_dir, train = _train_dir(Path(path))
     _check_finished(train)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from rredcot_cli import runs as run_files
+from rredcot_cli.store import runs as run_files
 from rredcot_cli.report.compare import CONFIDENCE, GroupSummary
 
 

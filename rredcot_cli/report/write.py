@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rredcot_cli import runs as run_files
+from rredcot_cli.store import runs as run_files
 from rredcot_cli.report.compare import Report
 from rredcot_cli.report.markdown import render_credit_quality_csv, render_csv, render_markdown
 from rredcot_cli.report.plots import plot_accuracy_by_length, plot_accuracy_vs_step, plot_final_accuracy

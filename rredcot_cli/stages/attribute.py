@@ -10,7 +10,7 @@ import time
 
 from omegaconf import DictConfig
 
-from rredcot_cli import artifacts, runs
+from rredcot_cli.store import artifacts, runs
 from rredcot_cli.stages.common import (
     console,
     make_benchmark,
@@ -33,7 +33,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         return
     samples, segments = read_segmented_samples(inputs)
 
-    from rredcot_cli.rollout import attribute, credit_batch, credit_rows
+    from rredcot_cli.pipeline import attribute, credit_batch, credit_rows
 
     collaborators = make_collaborators(cfg, spec, make_policy(cfg)) if spec.needs else {}
     warn_if_untrained_critic(cfg, spec)

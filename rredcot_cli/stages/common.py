@@ -3,7 +3,6 @@ constructing things; everything below it takes explicit arguments."""
 
 from __future__ import annotations
 
-import random
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -13,15 +12,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def make_benchmark(cfg: DictConfig):
@@ -38,7 +28,7 @@ def make_benchmark(cfg: DictConfig):
 def make_policy(cfg: DictConfig, model_path: str | None = None):
     import torch
 
-    from rredcot_cli.rollout import load_policy
+    from rredcot_cli.policy.load import load_policy
 
     if cfg.backend.num_threads > 0:
         torch.set_num_threads(cfg.backend.num_threads)
@@ -91,8 +81,8 @@ def make_critic(cfg: DictConfig, policy: Any):
     head) or a critic.pt written by ``rredcot train``."""
     from pathlib import Path
 
-    from rredcot_cli.critic import ValueCritic
-    from rredcot_cli.config import ConfigError
+    from rredcot_cli.train.critic import ValueCritic
+    from rredcot_cli.config.compose import ConfigError
 
     c = cfg.critic
     critic = ValueCritic.from_policy(policy.model, pad_id=policy.tokenizer.pad_token_id, lr=c.lr,
@@ -149,7 +139,7 @@ def table_rows(table) -> list[dict]:
 def read_segmented_samples(inputs: dict) -> tuple[list[dict], list[dict]]:
     """Sample and segment rows from ``inputs["samples"]`` / ``inputs["segments"]``, refusing
     segments that do not tile those samples' completions exactly."""
-    from rredcot_cli import artifacts
+    from rredcot_cli.store import artifacts
 
     samples = artifacts.read_artifact("samples", inputs["samples"])
     segments = artifacts.read_artifact("segments", inputs["segments"])

@@ -9,8 +9,9 @@ import time
 from omegaconf import DictConfig
 from rich.table import Table
 
-from rredcot_cli import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call, seed_everything
+from rredcot_cli.rng import derive_seed, seed_everything
+from rredcot_cli.store import artifacts, runs
+from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "eval"]
 
@@ -25,13 +26,13 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     problems = benchmark.load(e.split, limit=e.num_problems)
     policy = make_policy(cfg)
 
-    from rredcot_cli.rollout import evaluate
+    from rredcot_cli.pipeline import evaluate
 
     started = time.perf_counter()
     with progress_bar(f"eval {benchmark.name}/{e.split}", total=len(problems)) as advance:
         rows, summary = evaluate(policy, benchmark, problems, n=e.n, ks=list(e.k),
                                  max_new_tokens=cfg.sampling.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
-                                 seed=runs.derive_seed(cfg.seed, "eval"),
+                                 seed=derive_seed(cfg.seed, "eval"),
                                  prompts_per_call=prompts_per_call(cfg.backend.batch_size, e.n),
                                  model_name=cfg.model.path, on_progress=advance)
     summary.update(seconds=time.perf_counter() - started, model=cfg.model.path, benchmark=benchmark.name,

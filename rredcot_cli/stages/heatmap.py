@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import defaultdict
 from omegaconf import DictConfig
 
-from rredcot_cli import artifacts, runs
-from rredcot_cli.config import ConfigError
+from rredcot_cli.store import artifacts, runs
+from rredcot_cli.config.compose import ConfigError
 from rredcot_cli.errors import ArtifactError
 from rredcot_cli.stages.common import console, table_rows
 
@@ -78,7 +78,7 @@ def _token_text_source(cfg: DictConfig, segments: list[dict]):
     try:
         from transformers import AutoTokenizer
 
-        from rredcot_cli.models import resolve_model_path
+        from rredcot_cli.policy.models import resolve_model_path
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path),
                                                   trust_remote_code=cfg.model.trust_remote_code)
@@ -87,7 +87,7 @@ def _token_text_source(cfg: DictConfig, segments: list[dict]):
                       f"({type(e).__name__}); showing whole segments[/yellow]")
         return None
 
-    from rredcot_cli.rollout import token_texts
+    from rredcot_cli.pipeline import token_texts
 
     by_key: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for seg in segments:

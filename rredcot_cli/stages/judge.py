@@ -28,8 +28,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rredcot_cli import artifacts, runs
-from rredcot_cli.config import ConfigError, check_method_ranges, config_file
+from rredcot_cli.rng import derive_seed, seed_everything
+from rredcot_cli.store import artifacts, runs
+from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file
 from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.stages.common import (
     console,
@@ -38,7 +39,6 @@ from rredcot_cli.stages.common import (
     make_policy,
     progress_bar,
     read_segmented_samples,
-    seed_everything,
     warn_if_untrained_critic,
 )
 
@@ -119,7 +119,7 @@ def _check_options(cfg: DictConfig, overrides: list[str], names: list[str]) -> N
 def split_batches(samples: list[dict], segments: list[dict], batches: int) -> list[tuple[list[dict], list[dict]]]:
     """``(samples, segments)`` of ``batches`` contiguous runs of whole prompt groups, as even as
     possible; ``ConfigError`` when there are fewer prompts than batches."""
-    from rredcot_cli.distributed import split_evenly
+    from rredcot_cli.train.distributed import split_evenly
 
     prompts = list(dict.fromkeys(s["prompt_id"] for s in samples))
     if len(prompts) < batches:
@@ -162,9 +162,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     sample_stage = _sample_stage(inputs["samples"])
     sample_seconds = sample_stage.get("seconds")
 
-    from rredcot_cli.judge import checks_steps, first_error_segments, problem_of
+    from rredcot_cli.report.judge import checks_steps, first_error_segments, problem_of
     from rredcot_cli.methods.mc import mc_reference_values
-    from rredcot_cli.rollout import credit_batch
+    from rredcot_cli.pipeline import credit_batch
 
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
@@ -176,7 +176,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     reference_path = reference_cache_path(cfg, inputs)
     cached = read_reference(reference_path)
     reference = (cached["stats"] if cached else
-                 {"k": cfg.judge.reference_k, "seed": runs.derive_seed(cfg.seed, "judge", "reference"), "seconds": 0.0})
+                 {"k": cfg.judge.reference_k, "seed": derive_seed(cfg.seed, "judge", "reference"), "seconds": 0.0})
     reference.update(path=str(reference_path), reused=cached is not None)
     computed: dict[tuple[str, int], list[float]] = {}
     rows = []
@@ -225,7 +225,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     path = artifacts.write_artifact("credit_quality", rows, out.dir / "credit_quality.parquet")
     out.finish({"credit_quality": path}, extra={
         "seconds": seconds, "reference": reference, "methods": all_params, "reruns": cfg.judge.reruns,
-        "rerun_seeds": [runs.derive_seed(cfg.seed, "judge", "rerun", r) for r in range(cfg.judge.reruns)],
+        "rerun_seeds": [derive_seed(cfg.seed, "judge", "rerun", r) for r in range(cfg.judge.reruns)],
         "completions": len(samples), "segments": len(segments), "batches": len(batches),
         "batch_completions": [len(b) for b, _ in batches],
         "incorrect_with_known_first_error": known_first_errors if checks_steps(benchmark) else None,
@@ -245,7 +245,7 @@ def reference_cache_path(cfg: DictConfig, inputs: dict[str, Path]) -> Path:
     (other methods, tags, batch splits) then reuses it instead of sampling it again."""
     import hashlib
 
-    from rredcot_cli.config import config_hash
+    from rredcot_cli.config.compose import config_hash
 
     digest = hashlib.sha256(config_hash(cfg, ["seed", "model", "sampling"]).encode())
     # The definition's version: a reference kept before a change of what it estimates is not reused
@@ -297,9 +297,9 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
                  sample_seconds: float | None, benchmark: Any = None) -> dict[str, Any]:
     """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces
     (``benchmark``: the configured one, for methods that verify new text)."""
-    from rredcot_cli.judge import advantage_spread, agreement, constant_within_completions, localisation
+    from rredcot_cli.report.judge import advantage_spread, agreement, constant_within_completions, localisation
     from rredcot_cli.methods import get_method
-    from rredcot_cli.rollout import attribute, credit_batch
+    from rredcot_cli.pipeline import attribute, credit_batch
 
     spec = get_method(name)
     measures: list[dict[str, Any]] = []
@@ -309,7 +309,7 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
     chance = 0.0
     known = 0 if targets is None else sum(t is not None for t in targets)
     for r in range(reruns):
-        rerun_seed = runs.derive_seed(seed, "judge", "rerun", r)
+        rerun_seed = derive_seed(seed, "judge", "rerun", r)
         seed_everything(rerun_seed)
         batch = credit_batch(samples, segments, answer_probe=answer_probe, benchmark=benchmark)
         started = time.perf_counter()

@@ -6,8 +6,9 @@ import time
 
 from omegaconf import DictConfig
 
-from rredcot_cli import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call, seed_everything
+from rredcot_cli.rng import derive_seed, seed_everything
+from rredcot_cli.store import artifacts, runs
+from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "sample"]
 
@@ -36,9 +37,9 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def _sample(cfg, policy, benchmark, problems, advance):
-    from rredcot_cli.rollout import sample_rows
+    from rredcot_cli.pipeline import sample_rows
 
     s = cfg.sampling
     return sample_rows(policy, benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
-                       temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(cfg.seed, "sample"),
+                       temperature=s.temperature, top_p=s.top_p, seed=derive_seed(cfg.seed, "sample"),
                        prompts_per_call=prompts_per_call(cfg.backend.batch_size, s.n), on_progress=advance)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rredcot_cli import artifacts, runs
+from rredcot_cli.store import artifacts, runs
 from rredcot_cli.stages.common import console, make_policy, segmenter_and_kwargs, table_rows
 
 CONFIG_KEYS = ["segment", "model"]  # the tokenizer decides the token texts; the model, entropies
@@ -18,7 +18,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     samples = table_rows(artifacts.read_artifact("samples", samples_path))
     segmenter, kwargs = segmenter_and_kwargs(cfg)
 
-    from rredcot_cli.rollout import completion_entropies, segment_rows
+    from rredcot_cli.pipeline import completion_entropies, segment_rows
     from rredcot_cli.segmenters import needs_entropy
 
     entropies = None
@@ -38,6 +38,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 def _tokenizer(cfg: DictConfig):
     from transformers import AutoTokenizer
 
-    from rredcot_cli.models import resolve_model_path
+    from rredcot_cli.policy.models import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), trust_remote_code=cfg.model.trust_remote_code)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from rredcot_cli import runs
-from rredcot_cli.stages.common import console, seed_everything
+from rredcot_cli.rng import seed_everything
+from rredcot_cli.store import runs
+from rredcot_cli.stages.common import console
 
 CONFIG_KEYS = ["seed", "benchmark", "sft"]
 
@@ -22,7 +23,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
     from rredcot_cli.benchmarks import make_benchmark
     from rredcot_cli.errors import RredcotError
-    from rredcot_cli.sft import train_sft
+    from rredcot_cli.train.sft import train_sft
 
     # SFT data uses shorter chains than RL (sft.min_steps/max_steps) to leave room for RL.
     benchmark = make_benchmark(cfg.benchmark.name, min_steps=f.min_steps, max_steps=f.max_steps,
@@ -56,7 +57,7 @@ def _init_path(init: str | None) -> str | None:
     from pathlib import Path
 
     from rredcot_cli.errors import RredcotError
-    from rredcot_cli.models import shipped_model_dir
+    from rredcot_cli.policy.models import shipped_model_dir
 
     if not init:
         return None

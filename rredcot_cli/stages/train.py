@@ -1,4 +1,4 @@
-"""`rredcot train`: the policy loop (the algorithm and its launch lines: rredcot_cli/trainer.py).
+"""`rredcot train`: the policy loop (the algorithm and its launch lines: rredcot_cli/train/loop.py).
 
 This file turns the config into settings (the update's hyper-parameters, the precision, the
 data-parallel group, the trackers), begins the stage (``runs.begin_stage``: the run folder, its
@@ -6,7 +6,7 @@ manifest and config hash; ``train.resume=true`` continues an unfinished attempt)
 ``Trainer(...).fit()``, and on rank 0 writes the results (metrics.parquet, eval.parquet,
 summary.json), finishes the stage and prints the before/after table.
 
-Every ``train.save_every`` steps the loop writes ``checkpoints/step-N`` (rredcot_cli/train_state.py:
+Every ``train.save_every`` steps the loop writes ``checkpoints/step-N`` (rredcot_cli/train/checkpoint.py:
 weights, optimizer, scheduler, RNG states, data cursor, critic, metrics so far); since sampling
 seeds are derived from (seed, step), the resumed steps equal those of an uninterrupted run.
 ``train.keep_checkpoints`` deletes all but the newest step-N checkpoints after each one.
@@ -19,12 +19,14 @@ import json
 from omegaconf import DictConfig
 from rich.table import Table
 
-from rredcot_cli import artifacts, distributed, runs, tracking, train_rollouts
+from rredcot_cli.store import artifacts, runs, train_rollouts
+
+from rredcot_cli.train import distributed, tracking
 from rredcot_cli.errors import TrainingError
-from rredcot_cli.precision import resolve_precision
+from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import console, method_and_params
-from rredcot_cli.trainer import Fitted, Trainer
-from rredcot_cli.update import UpdateHyper, old_from_sampler
+from rredcot_cli.train.loop import Fitted, Trainer
+from rredcot_cli.train.update import UpdateHyper, old_from_sampler
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 
@@ -90,7 +92,7 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
     (its hash and its config.yaml), the same whether or not it is resumed."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.schema import EXECUTION_KEYS, Config
+    from rredcot_cli.config.schema import EXECUTION_KEYS, Config
 
     container = OmegaConf.to_container(cfg, resolve=True)
     defaults = OmegaConf.structured(Config)
@@ -110,8 +112,8 @@ def _tracking_record(names: list[str], out) -> dict | None:
 
 def _check_options(t) -> None:
     """Refuse a misspelled or impossible train.* choice before any model is loaded."""
-    from rredcot_cli.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
-    from rredcot_cli.update import OLD_LOGPROBS
+    from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
+    from rredcot_cli.train.update import OLD_LOGPROBS
 
     choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
                "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3"),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rredcot_cli.logprobs import scored_positions_forward
+from rredcot_cli.policy.logprobs import scored_positions_forward
 
 
 @dataclass(frozen=True)
@@ -349,7 +349,7 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
     inside this forward and the trace's logits never need to be kept; probes in a row do not see
     each other. One cache row per probe row (not per probe) keeps the copy of the cache small: it
     is copied once, into storage with room for the row (``kvcache.prefilled_cache``)."""
-    from rredcot_cli.kvcache import prefilled_cache
+    from rredcot_cli.policy.kvcache import prefilled_cache
 
     if not rows:
         return

@@ -19,7 +19,7 @@ auto           from ``model.dtype``: float32 -> fp32, bfloat16 -> bf16-mixed,
 Mixed precision follows torch's AMP recipe (as Lightning's "bf16-mixed" and accelerate's
 ``mixed_precision``): parameters, gradients and optimizer state stay float32; matmuls run in
 the low dtype under ``torch.autocast``; log-softmax and the loss are float32
-(``rredcot_cli.logprobs`` upcasts the logits). fp16's narrow exponent range needs loss scaling:
+(``rredcot_cli.policy.logprobs`` upcasts the logits). fp16's narrow exponent range needs loss scaling:
 a step whose scaled gradient overflowed is skipped and the scale halved, as GradScaler does;
 those skips are counted apart from genuinely non-finite steps so they never stop a run.
 """

@@ -1,5 +1,5 @@
 """Typed config schemas. Hydra validates every composed config against these, so a misspelled
-key fails at compose time. Only ``rredcot_cli.config`` turns argv into one of these; stages read
+key fails at compose time. Only ``rredcot_cli.config.compose`` turns argv into one of these; stages read
 fields and pass explicit keyword arguments on, so no function below a stage ever sees a config.
 
 The ``method`` group is validated separately, against the parameters its registry entry
@@ -39,7 +39,7 @@ class LoraConfig:
 class ModelConfig:
     name: str = "tiny"
     # "embedded" is the tiny model shipped inside the package; FILE.gguf, a llama.cpp file converted
-    # once into a cached HF folder (rredcot_cli/model_files.py); pkg://DIST/FILE, a file shipped in
+    # once into a cached HF folder (rredcot_cli/policy/model_files.py); pkg://DIST/FILE, a file shipped in
     # an installed package; anything else is an HF hub id or a local folder in HF format (a
     # checkpoint written by `rredcot train` is one).
     path: str = "embedded"
@@ -204,7 +204,7 @@ class TrainConfig:
     # found, at most max_sampling_rounds draws per step (then train on the mixed groups found).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
-    # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/precision.py). auto follows
+    # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/train/precision.py). auto follows
     # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
     precision: str = "auto"
     # Recompute each decoder layer's activations in backward instead of keeping them.
@@ -223,7 +223,7 @@ class TrainConfig:
     logprob_chunk_tokens: int = 1024
     # Importance weights for the mismatch between the sampler's recorded log-probs and the
     # trainer's (vLLM kernels, precision): none | token_truncate | token_mask | sequence_truncate |
-    # sequence_mask, with the cap below (rredcot_cli/loss.py, as TRL's vllm_importance_sampling_*).
+    # sequence_mask, with the cap below (rredcot_cli/train/loss.py, as TRL's vllm_importance_sampling_*).
     sampler_correction: str = "none"
     sampler_correction_cap: float = 2.0
     # Old log-probs of the policy update: recompute (a pre-update pass over the batch) | sampler
@@ -235,7 +235,7 @@ class TrainConfig:
     old_logprobs: str = "auto"
     # Under torchrun (world size > 1): ddp (DistributedDataParallel, the default) or fsdp2
     # (fully_shard: weights, gradients and optimizer state sharded over ranks); see
-    # rredcot_cli/distributed.py. Ignored in one process. Not hashed (the same run either way).
+    # rredcot_cli/train/distributed.py. Ignored in one process. Not hashed (the same run either way).
     parallel: str = "ddp"
     # How long a collective waits for a rank that does not come before the run fails. Not hashed.
     dist_timeout_s: float = 1800.0
@@ -366,7 +366,7 @@ class Config:
     # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
     inputs: Any = field(default_factory=dict)
     # Experiment trackers `rredcot train` logs each step's metrics to, through their own libraries
-    # (rredcot_cli/tracking.py): tensorboard, wandb, trackio, mlflow; e.g. tracking=[tensorboard].
+    # (rredcot_cli/train/tracking.py): tensorboard, wandb, trackio, mlflow; e.g. tracking=[tensorboard].
     # Not part of any config hash.
     tracking: List[str] = field(default_factory=list)
     # Python modules (pkg.mod) or .py files imported when the config is composed, registering
@@ -393,7 +393,7 @@ EXECUTION_KEYS: frozenset = frozenset({
 # --------------------------------------------------------------------------- ranges
 
 # The meaningful range of every numeric option, checked once after composition
-# (``rredcot_cli.config.check_ranges``), so an out-of-range value fails in one line before
+# (``rredcot_cli.config.compose.check_ranges``), so an out-of-range value fails in one line before
 # anything loads or runs. A spec is ``">= 1"``, ``"> 0"``, ``"<= 1"``, ``"< 1"`` or an interval
 # ``"[0, 1)"``, optionally followed by ``"; note"`` (shown in the message); a bound may be another
 # option (``"[1, eval.n]"``; a method parameter's, another parameter's name). A list option's

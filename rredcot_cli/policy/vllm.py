@@ -24,7 +24,7 @@ Importing this module does not import vLLM; the constructor does. The contract i
   temperature-1 log-probs, as the HF backend does;
 * ``score`` returns teacher-forced temperature-1 log-probs from ``prompt_logprobs``; entropies
   are not available (vLLM returns top-k log-probs only), score with the HF model for those;
-* ``sync_weights`` reloads the policy's weights (``rredcot_cli.weights.hf_weights``: plain HF
+* ``sync_weights`` reloads the policy's weights (``rredcot_cli.policy.weights.hf_weights``: plain HF
   names) through vLLM's ``reload_weights`` worker method, which re-runs the post-load processing
   (the CPU engine repacks Linear weights, quantized layers requantize). With the engine in this
   process (tensor_parallel_size 1, where this backend sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
@@ -49,7 +49,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from rredcot_cli.backends.base import Completion, SamplingParams
+from rredcot_cli.policy.base import Completion, SamplingParams
 from rredcot_cli.errors import RredcotError
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -278,7 +278,7 @@ class VLLMBackend:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        from rredcot_cli.backends.continuations import prefix_seed
+        from rredcot_cli.policy.continuations import prefix_seed
 
         self._check_awake("continuations")
         budgets = [max_new_tokens] * len(prefixes) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -371,7 +371,7 @@ class VLLMBackend:
         """Load the weights of ``model`` (the HF policy being trained) into the engine, waking
         it first if ``sleep`` put it to sleep, then drop cached prefixes computed with the old
         weights."""
-        from rredcot_cli.weights import hf_weights
+        from rredcot_cli.policy.weights import hf_weights
 
         needed = None if self.in_process else self._file_bytes(model)
         if self.asleep:
@@ -394,7 +394,7 @@ class VLLMBackend:
         tensors are merged into the base weights they adapt, so they are left out)."""
         import torch
 
-        from rredcot_cli.weights import unwrap
+        from rredcot_cli.policy.weights import unwrap
 
         itemsize = torch.empty((), dtype=self.engine_dtype).element_size()
         return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size())

@@ -16,8 +16,9 @@ from typing import Callable
 
 import torch
 
-from rredcot_cli.model_files import save_tokenizer
-from rredcot_cli.models import build_char_tokenizer, build_tiny_model, count_parameters
+from rredcot_cli.rng import seed_everything
+from rredcot_cli.policy.model_files import save_tokenizer
+from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model, count_parameters
 
 
 def _lr_factor(step: int, total: int, warmup: int, final_ratio: float = 0.1) -> float:
@@ -128,8 +129,7 @@ def train_sft(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    random.seed(seed)
-    torch.manual_seed(seed)
+    seed_everything(seed)
     output_dir = Path(output_dir)
 
     tokenizer = build_char_tokenizer(model_max_length=max_position_embeddings)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from rredcot_cli.precision import Precision
-from rredcot_cli.update import ForwardPass
-from rredcot_cli.weights import hf_weights, is_lora, unwrap
+from rredcot_cli.train.precision import Precision
+from rredcot_cli.train.update import ForwardPass
+from rredcot_cli.policy.weights import hf_weights, is_lora, unwrap
 
 ADAPTER_DIR = "adapter"  # the LoRA adapter beside a merged final checkpoint
 

@@ -140,7 +140,7 @@ def _layer_class():
     global _SharedPromptLayer
     if _SharedPromptLayer is not None:
         return _SharedPromptLayer
-    from rredcot_cli.kvcache import _layer_class as growing_layer_class
+    from rredcot_cli.policy.kvcache import _layer_class as growing_layer_class
 
     class SharedPromptLayer(growing_layer_class()):
         """A growing cache of the rows' generated positions (``keys``/``values``, B rows) plus the

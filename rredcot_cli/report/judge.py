@@ -157,7 +157,7 @@ def first_error_segments(samples: Sequence[dict[str, Any]], segment_ids: torch.T
 
     samples[i]: a samples-artifact row (``completion``, ``completion_token_ids``, ``reward``);
     segment_ids: (B, T) of the credit batch; problems[i]: sample i's problem."""
-    from rredcot_cli.rollout import token_texts
+    from rredcot_cli.pipeline import token_texts
 
     targets: list[int | None] = []
     for i, sample in enumerate(samples):

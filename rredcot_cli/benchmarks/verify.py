@@ -205,7 +205,7 @@ _WORKER_GRACE_S = 0.5
 
 _WORKER_BOOT = (
     "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from rredcot_cli.verify import _serve; _serve(int(sys.argv[2]), int(sys.argv[3]))"
+    "from rredcot_cli.benchmarks.verify import _serve; _serve(int(sys.argv[2]), int(sys.argv[3]))"
 )
 
 

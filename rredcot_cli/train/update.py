@@ -17,11 +17,11 @@ from typing import Callable, ContextManager
 
 import torch
 
-from rredcot_cli.distributed import DataParallel, is_logprob_root, split_evenly
-from rredcot_cli.logprobs import completion_logprobs
-from rredcot_cli.loss import loss_normalizer, policy_loss, sampler_correction_weights
-from rredcot_cli.precision import GradientStepper, Precision
-from rredcot_cli.steptime import StepClock, phase
+from rredcot_cli.train.distributed import DataParallel, is_logprob_root, split_evenly
+from rredcot_cli.policy.logprobs import completion_logprobs
+from rredcot_cli.train.loss import loss_normalizer, policy_loss, sampler_correction_weights
+from rredcot_cli.train.precision import GradientStepper, Precision
+from rredcot_cli.train.steptime import StepClock, phase
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):

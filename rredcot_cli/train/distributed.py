@@ -54,7 +54,7 @@ class CompletionLogprobs(torch.nn.Module):
         self.module = module
 
     def forward(self, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs):
-        from rredcot_cli.logprobs import completion_logprobs
+        from rredcot_cli.policy.logprobs import completion_logprobs
 
         return completion_logprobs(self.module, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs)
 
@@ -312,7 +312,7 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    from rredcot_cli.weights import unwrap
+    from rredcot_cli.policy.weights import unwrap
 
     return unwrap(model)
 

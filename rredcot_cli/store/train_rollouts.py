@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rredcot_cli import runs
+from rredcot_cli.store import runs
 from rredcot_cli.errors import RunError
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: lis
          credit: Any, method: str, config_hash: str) -> Path:
     """Write step ``step``'s rollouts (``samples`` and their ``segments``, the ``CreditBatch``
     and ``Credit`` the update used) under ``train_dir``; returns the step folder."""
-    from rredcot_cli import artifacts
-    from rredcot_cli.rollout import credit_rows
+    from rredcot_cli.store import artifacts
+    from rredcot_cli.pipeline import credit_rows
 
     credits, advantages = credit_rows(samples, batch, credit, method)
     target = step_dir(train_dir, step)

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rredcot_cli.errors import ArtifactError, one_line
-from rredcot_cli.atomic import atomic_path
-from rredcot_cli.steptime import PHASES
+from rredcot_cli.store.atomic import atomic_path
+from rredcot_cli.train.steptime import PHASES
 
 
 _ADDED_LATER = b"rredcot.added_later"
@@ -139,7 +139,7 @@ TRAIN_METRICS = pa.schema(
         # and fp16 loss-scale overflows skipped (null when there was no update)
         _added_field("sampler_kl", pa.float32()),
         _added_field("overflow_skipped", pa.int32()),
-        # wall seconds of each phase of the step (rredcot_cli/steptime.py; eval only on eval steps)
+        # wall seconds of each phase of the step (rredcot_cli/train/steptime.py; eval only on eval steps)
         # and the positions the credit method ran through the model for value estimation
         *(_added_field(f"seconds_{phase}", pa.float32()) for phase in PHASES),
         _added_field("credit_forward_tokens", pa.int64()),
@@ -150,7 +150,7 @@ TRAIN_METRICS = pa.schema(
 
 
 # One row per credit method judged by `rredcot judge` on one run's saved traces (see
-# rredcot_cli/judge.py). Correlations are with Monte Carlo reference values (null: undefined, e.g.
+# rredcot_cli/report/judge.py). Correlations are with Monte Carlo reference values (null: undefined, e.g.
 # a method without values); token counts are per run of the method.
 CREDIT_QUALITY = pa.schema(
     [

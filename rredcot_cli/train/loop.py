@@ -19,9 +19,9 @@ The algorithm, one step (``Trainer.step``):
    learned critic (ppo) has it fitted to the method's value targets.
 5. **Record.** One metrics row (``Trainer.record``), written by rank 0 to ``metrics.parquet`` and
    the trackers after every step; every ``train.eval_every`` steps a held-out eval, every
-   ``train.save_every`` steps a resumable checkpoint (``rredcot_cli/train_state.py``).
+   ``train.save_every`` steps a resumable checkpoint (``rredcot_cli/train/checkpoint.py``).
 
-Launch it in one process, with torchrun (DDP or FSDP2, rredcot_cli/distributed.py), or on Slurm
+Launch it in one process, with torchrun (DDP or FSDP2, rredcot_cli/train/distributed.py), or on Slurm
 (scripts/slurm/train.sbatch runs one torchrun per node):
 
     rredcot train experiment=quick method=rredcot run.dir=runs/quick
@@ -49,11 +49,13 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rredcot_cli import artifacts, distributed, runs, steptime, tracking, train_rollouts, train_state, trainable
+from rredcot_cli.rng import derive_seed, seed_everything
+from rredcot_cli.store import artifacts, runs, train_rollouts
+from rredcot_cli.train import distributed, steptime, tracking, checkpoint, trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
-from rredcot_cli.precision import GradientStepper, Precision, dtype_of, make_optimizer
-from rredcot_cli.rollout import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
+from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
+from rredcot_cli.pipeline import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.stages.common import (
     console,
@@ -62,11 +64,10 @@ from rredcot_cli.stages.common import (
     make_policy,
     progress_bar,
     prompts_per_call,
-    seed_everything,
     segmenter_and_kwargs,
 )
-from rredcot_cli.train_state import TrainState
-from rredcot_cli.update import (ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats,
+from rredcot_cli.train.checkpoint import TrainState
+from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats,
                                 auto_micro_batch_tokens, lr_lambda, policy_update)
 
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
@@ -139,7 +140,7 @@ class Trainer:
         self.engine = UpdateEngine(generator=self.generator, forward=self.forward, reference=self.reference,
                                    reference_forward=self.reference_forward, stepper=self.stepper,
                                    parallel=parallel, clock=self.clock)
-        self.parts = train_state.Stateful(self.trained, self.plain, parallel, self.tokenizer, self.optimizer,
+        self.parts = checkpoint.Stateful(self.trained, self.plain, parallel, self.tokenizer, self.optimizer,
                                           self.scheduler, self.generator, self.critic, self.stepper)
         self.recorder = Recorder(out, trackers, cfg, parallel.is_main, spec.name, self.t.save_rollouts)
         self.state = TrainState()
@@ -149,12 +150,12 @@ class Trainer:
     def _resumable(self) -> dict | None:
         """The checkpoint ``train.resume`` continues from (None: start at step 0, clearing what an
         earlier attempt left)."""
-        saved = train_state.latest(self.checkpoints, self.config_hash) if self.t.resume else None
+        saved = checkpoint.latest(self.checkpoints, self.config_hash) if self.t.resume else None
         if self.t.resume and saved is None:
             console.print(f"train.resume=true: no resumable checkpoint in {self.checkpoints}; starting from step 0")
         if saved is None and self.parallel.is_main:
             # they belong to the attempt this one replaces
-            train_state.remove_all(self.checkpoints)
+            checkpoint.remove_all(self.checkpoints)
             shutil.rmtree(self.out.dir / train_rollouts.FOLDER, ignore_errors=True)
         self.parallel.barrier()
         return saved
@@ -214,7 +215,7 @@ class Trainer:
                                         device=self.policy.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
-        self.generator = torch.Generator().manual_seed(runs.derive_seed(self.cfg.seed, "minibatches"))
+        self.generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "minibatches"))
 
     def _check_sampling(self) -> None:
         cfg, t, parallel = self.cfg, self.t, self.parallel
@@ -286,7 +287,7 @@ class Trainer:
         keys = ("train-sample", step) + ((round_index,) if round_index else ())
         with self.autocast():
             return sample_rows(self.policy, self.benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
-                               temperature=s.temperature, top_p=s.top_p, seed=runs.derive_seed(self.cfg.seed, *keys),
+                               temperature=s.temperature, top_p=s.top_p, seed=derive_seed(self.cfg.seed, *keys),
                                prompts_per_call=self.prompts_per_call, map_chunks=self.parallel.map_chunks)
 
     def credit(self, samples: list[dict]):
@@ -367,7 +368,7 @@ class Trainer:
         with self.autocast():
             return evaluate(self.policy, self.benchmark, self.eval_problems, n=t.eval_samples,
                             ks=[1, t.eval_samples], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_p=s.top_p, seed=runs.derive_seed(self.cfg.seed, "eval"),
+                            top_p=s.top_p, seed=derive_seed(self.cfg.seed, "eval"),
                             prompts_per_call=self.prompts_per_call, model_name=f"step-{step}",
                             map_chunks=self.parallel.map_chunks)
 
@@ -386,11 +387,11 @@ class Trainer:
             console.print(f"held-out pass@1 before training: {eval_before['pass@1']:.3f}")
             self.state = TrainState(eval_before=eval_before)
             return
-        self.state = train_state.restore(self.saved, self.parts, self.t.prompts_per_step)
+        self.state = checkpoint.restore(self.saved, self.parts, self.t.prompts_per_step)
         self.policy.backend.sync_weights(self.plain)
         self.resumed_from = self.state.step
         console.print(f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
-                      f"({self.saved[train_state.KEY_PATH]})")
+                      f"({self.saved[checkpoint.KEY_PATH]})")
         _with_phase_columns(self.state.history)
 
     def _count_skipped(self, step: int, stats: UpdateStats) -> None:
@@ -413,9 +414,9 @@ class Trainer:
         """``checkpoints/step-N`` (every rank takes part; rank 0 writes and prunes)."""
         self.state.seconds, self.state.cpu_seconds = self._elapsed()
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
-        train_state.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash)
+        checkpoint.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash)
         if self.parallel.is_main:
-            train_state.prune(self.checkpoints, self.t.keep_checkpoints)
+            checkpoint.prune(self.checkpoints, self.t.keep_checkpoints)
 
     def _finish(self) -> Fitted:
         final_dir = self.checkpoints / "final"
@@ -432,7 +433,7 @@ class Trainer:
 class Recorder:
     """Rank 0's writes while the loop runs: ``metrics.parquet`` rewritten (atomically) after every
     step, the row sent to the trackers of ``tracking=[...]``, and every ``train.save_rollouts``
-    steps the step's samples, segments, credits and advantages (rredcot_cli/train_rollouts.py).
+    steps the step's samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
     On the other ranks it writes nothing."""
 
     def __init__(self, out, trackers: list[str], cfg: DictConfig, is_main: bool, method: str, save_rollouts: int):

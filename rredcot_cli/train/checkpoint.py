@@ -14,7 +14,6 @@ config hash is never resumed from.
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -23,8 +22,11 @@ from typing import Any
 
 import torch
 
-from rredcot_cli import runs, trainable
+from rredcot_cli.store import runs
+
+from rredcot_cli.train import trainable
 from rredcot_cli.errors import TrainingError
+from rredcot_cli.rng import rng_states, set_rng_states
 from rredcot_cli.stages.common import console
 
 STATE_FILE = "trainer_state.pt"
@@ -183,31 +185,3 @@ def prune(checkpoints: Path, keep: int) -> None:
         doomed = folder.with_name(f"{folder.name}{runs.TMP_MARK}pruned")
         folder.rename(doomed)
         shutil.rmtree(doomed, ignore_errors=True)
-
-
-def rng_states() -> dict:
-    """Every random state the loop may draw from, in types ``torch.load(weights_only=True)`` reads."""
-    import numpy as np
-
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    states = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict) -> None:
-    import numpy as np
-
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])

@@ -229,7 +229,7 @@ def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: t
     a probe batch would be tens of GB (and the head a third of a 0.5B model's work), while the
     scorers need a few positions per probe. Other models take one full pass, indexed after.
     ``cache`` (a transformers cache) is passed under the keyword the called module takes."""
-    from rredcot_cli.kvcache import cache_kwarg
+    from rredcot_cli.policy.kvcache import cache_kwarg
 
     split = splittable_head(model)
     if split is None:

@@ -9,147 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 
-from rredcot_cli.backends.base import SamplingParams
+from rredcot_cli.policy.base import SamplingParams
 from rredcot_cli.benchmarks.base import Benchmark, Problem, grade_completion
 from rredcot_cli.methods import MethodSpec
 from rredcot_cli.methods.base import Credit, CreditBatch
-from rredcot_cli.runs import derive_seed
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-@dataclass
-class Policy:
-    """The model being sampled/trained, its tokenizer and the backend that generates from it."""
-
-    model: Any
-    tokenizer: Any
-    backend: Any
-    device: str
-    chat_template: bool
-
-
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
-
-
-def load_policy(
-    *,
-    model_path: str,
-    dtype: str,
-    trust_remote_code: bool,
-    chat_template: Any,
-    backend: str,
-    device: str,
-    batch_size: int,
-    seed: int,
-    gpu_memory_utilization: float = 0.5,
-    tensor_parallel_size: int = 1,
-    enforce_eager: bool = False,
-    kv_cache_gb: float | None = None,
-    max_model_len: int | None = None,
-    sleep_mode: Any = "auto",
-    kv_cache_dtype: str = "auto",
-) -> Policy:
-    """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
-    generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
-    gets trained and scored, and its weights are pushed to vLLM after every update. The
-    ``gpu_memory_utilization`` .. ``sleep_mode`` arguments are vLLM's, ``kv_cache_dtype`` the HF
-    backend's (``BackendConfig``)."""
-    from rredcot_cli.models import load_model_and_tokenizer, resolve_model_path
-
-    from rredcot_cli.errors import RredcotError
-
-    if backend not in ("hf", "vllm"):
-        raise RredcotError(f"unknown backend {backend!r}; valid: hf, vllm")
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype}: unknown; valid: {', '.join(KV_CACHE_DTYPES)}")
-    if backend != "hf" and kv_cache_dtype != "auto":
-        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype} is an option of backend=hf; drop it with "
-                           f"backend={backend}")
-    if backend == "hf" and batch_size < 1:
-        raise RredcotError(f"backend.batch_size={batch_size}: the hf backend needs at least 1 sequence per "
-                           "generate call (0, all prompts in one call, is for backend=vllm)")
-    device = resolve_device(device)
-    path = resolve_model_path(model_path)
-    try:
-        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-    except OSError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RredcotError(f"cannot load model.path={model_path}: {first_line} (pass a local HF model folder, "
-                           f"a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id)") from error
-    chat_template = resolve_chat_template(tokenizer, chat_template, model_path)
-    if backend == "hf":
-        from rredcot_cli.backends.hf import HFBackend
-
-        import torch
-
-        kv_dtype = None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
-        engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device, kv_dtype=kv_dtype)
-    else:
-        from rredcot_cli.backends.vllm import VLLMBackend
-
-        engine = VLLMBackend(
-            str(path),
-            tokenizer=tokenizer,
-            dtype=dtype,
-            device=device,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            trust_remote_code=trust_remote_code,
-            kv_cache_gb=kv_cache_gb,
-            max_model_len=max_model_len,
-            sleep_mode=sleep_mode,
-        )
-    return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
-
-
-CHAT_TEMPLATE_CHOICES = ("auto", True, False)
-
-
-def resolve_chat_template(tokenizer: Any, chat_template: Any, model_path: str) -> bool:
-    """``model.chat_template``: ``auto`` (the default) is on exactly when the tokenizer has a chat
-    template, so an instruct model gets the prompt format it was tuned on and a base model or the
-    embedded one plain text; ``true`` on a tokenizer without one is refused in one line."""
-    from rredcot_cli.errors import RredcotError
-
-    if isinstance(chat_template, str) and chat_template.lower() in ("true", "false"):
-        chat_template = chat_template.lower() == "true"
-    if chat_template not in CHAT_TEMPLATE_CHOICES:
-        raise RredcotError(f"model.chat_template={chat_template}: unknown; valid: auto, true, false")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if chat_template == "auto":
-        return has_template
-    if chat_template and not has_template:
-        raise RredcotError(f"model.chat_template=true, but the tokenizer of model.path={model_path} has no chat "
-                           "template; use model.chat_template=auto or false (plain-text prompts)")
-    return bool(chat_template)
-
-
-def format_prompt(tokenizer: Any, text: str, chat_template: bool) -> str:
-    """The benchmark's prompt, wrapped in the model's chat template for instruct models."""
-    if not chat_template:
-        return text
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-
-
-def encode_prompt(tokenizer: Any, text: str, chat_template: bool) -> list[int]:
-    """The prompt's token ids, the one tokenisation both sampling and training use.
-
-    A chat template already writes the model's special tokens (BOS included) into the text, so
-    its output is tokenised without adding them again; a plain prompt gets the tokenizer's own
-    special tokens (e.g. a BOS for Llama-style tokenizers), as ``tokenizer(text)`` gives them."""
-    return list(tokenizer(text, add_special_tokens=not chat_template)["input_ids"])
+from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
+from rredcot_cli.rng import derive_seed
 
 
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
@@ -227,8 +96,8 @@ def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 
     The LM head, log-softmax and entropy run over the real completion positions only,
     ``logprobs.head_chunk_rows`` of them at a time: (rows, positions, vocabulary) logits of a pass
     held 7.3 GB at SmolLM2's 49k vocabulary for 32 completions of 200 tokens."""
-    from rredcot_cli.logprobs import head_chunk_rows
-    from rredcot_cli.update import ForwardPass, chunked_completion_logprobs
+    from rredcot_cli.policy.logprobs import head_chunk_rows
+    from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
 
     prompts = [list(s["prompt_token_ids"]) for s in samples]
     completions = [list(s["completion_token_ids"]) for s in samples]

@@ -26,10 +26,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from rredcot_cli.model_files import resolve_source
+from rredcot_cli.policy.model_files import resolve_source
 
 EMBEDDED_MODEL = "embedded"
-ASSETS_DIR = Path(__file__).parent / "assets"
+ASSETS_DIR = Path(__file__).parents[1] / "assets"  # rredcot_cli/assets
 EMBEDDED_DIR = ASSETS_DIR / "tiny-chain"
 
 PAD_TOKEN = "<|pad|>"

@@ -1,5 +1,5 @@
 """The transformers backend: batched ``model.generate`` with per-token log-probs, and
-teacher-forced scoring (``rredcot_cli.logprobs``, which also documents the sequence layout).
+teacher-forced scoring (``rredcot_cli.policy.logprobs``, which also documents the sequence layout).
 Runs on CPU (the embedded model) or on one GPU.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from rredcot_cli.backends.base import Completion, SamplingParams
-from rredcot_cli import shared_prompt
-from rredcot_cli.kvcache import cache_kwarg, growing_cache
-from rredcot_cli.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
-from rredcot_cli.logprobs import head_chunk_rows
+from rredcot_cli.policy.base import Completion, SamplingParams
+from rredcot_cli.policy import shared_prompt
+from rredcot_cli.policy.kvcache import cache_kwarg, growing_cache
+from rredcot_cli.policy.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
+from rredcot_cli.policy.logprobs import head_chunk_rows
 
 
 # ------------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class HFBackend:
         """``k`` continuations of every prefix (backends/continuations.py: each prefix's KV cache
         shared by its k rows, randomness seeded by the prefix's tokens), ``rows_per_forward`` rows
         decoded together."""
-        from rredcot_cli.backends.continuations import sample_continuations
+        from rredcot_cli.policy.continuations import sample_continuations
 
         return sample_continuations(self.model, prefixes, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                                     top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id, seed=seed,

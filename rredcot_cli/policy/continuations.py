@@ -19,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from rredcot_cli.kvcache import cache_kwarg, growing_cache
-from rredcot_cli.runs import derive_seed
+from rredcot_cli.policy.kvcache import cache_kwarg, growing_cache
+from rredcot_cli.rng import derive_seed
 
 
 def _returned_cache(out):

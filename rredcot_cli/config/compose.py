@@ -1,7 +1,7 @@
 """Turn command-line overrides into one validated, resolved config (Hydra Compose API).
 
 ``compose(["method=dr_grpo", "train.lr=1e-4"])`` composes ``conf/config.yaml``
-(typed by ``rredcot_cli.schema.Config``) with the overrides, checks it, and returns a resolved,
+(typed by ``rredcot_cli.config.schema.Config``) with the overrides, checks it, and returns a resolved,
 read-only ``DictConfig``. Every mistake a user can make on the command line becomes a
 ``ConfigError`` with a one-line message:
 
@@ -51,7 +51,7 @@ def _packaged_conf_dir() -> Path:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations))).resolve()
-    return Path(__file__).resolve().parent.parent / "conf"
+    return Path(__file__).resolve().parents[2] / "conf"
 
 
 CONF_DIR = _packaged_conf_dir()
@@ -159,7 +159,7 @@ def _schema_fields(tp: Any) -> dict[str, Any] | None:
 
 def _schema_type(dotted: str, root: Any = None) -> Any:
     """The declared type of ``dotted`` (e.g. "train.steps") in the schema, or None if unknown."""
-    from rredcot_cli.schema import Config
+    from rredcot_cli.config.schema import Config
 
     tp = Config if root is None else root
     for part in dotted.split(".") if dotted else []:
@@ -192,7 +192,7 @@ def _describe_type(tp: Any) -> str:
 def _valid_keys(parent: str) -> list[str]:
     """The keys allowed directly under ``parent`` ("" for the top level)."""
     if parent == "inputs":
-        from rredcot_cli.artifacts import ARTIFACTS
+        from rredcot_cli.store.artifacts import ARTIFACTS
 
         return list(ARTIFACTS)
     return list(_schema_fields(_schema_type(parent)) or {})
@@ -366,7 +366,7 @@ def _hydra_compose(overrides: list[str], config_dirs: Sequence[str | Path] = ())
     from omegaconf.errors import OmegaConfBaseException
 
     from rredcot_cli.plugins import plugin_options
-    from rredcot_cli.schema import Config
+    from rredcot_cli.config.schema import Config
 
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=Config)
@@ -408,7 +408,7 @@ def _check_against_schema(container: dict, tp: Any, prefix: str = "") -> None:
 
 
 def _check_inputs(inputs: Any) -> None:
-    from rredcot_cli.artifacts import ARTIFACTS
+    from rredcot_cli.store.artifacts import ARTIFACTS
 
     if not isinstance(inputs, dict):
         raise ConfigError(f"inputs must be a group of paths (inputs.samples=PATH, ...), not {inputs!r}")
@@ -489,7 +489,7 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """A parsed range spec (``rredcot_cli.schema.RANGES``): bounds are numbers or option names."""
+    """A parsed range spec (``rredcot_cli.config.schema.RANGES``): bounds are numbers or option names."""
 
     low: float | str | None
     high: float | str | None
@@ -573,7 +573,7 @@ def check_ranges(cfg: DictConfig) -> None:
     a method parameter outside the range its registry entry declares: one ``ConfigError`` line."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.schema import DIVISIBLE_BY, RANGES
+    from rredcot_cli.config.schema import DIVISIBLE_BY, RANGES
 
     def lookup(key: str) -> Any:
         return OmegaConf.select(cfg, key)
@@ -677,7 +677,7 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from rredcot_cli.schema import Config
+    from rredcot_cli.config.schema import Config
 
     overrides = list(overrides)
     _command_line_plugins(overrides)
