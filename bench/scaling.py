@@ -5,20 +5,22 @@ Every point is a real ``rredcot train`` run (the embedded tiny model, its defaul
 ``backend.batch_size=32`` at every world size, so the two generate calls of a step and therefore
 the samples are the same at world size 1 and 2). A point runs this file as a *driver*
 (``--driver``), alone for world size 1 or under ``torchrun --nproc-per-node=2`` for world size 2.
-The driver wraps, in its own process only (rredcot_cli is not edited), the functions the train
-loop calls with wall-clock timers, then calls ``rredcot_cli.cli.main`` with ``train`` and the
-overrides, so the stage runs unchanged:
+The driver times the train loop through its public seam, ``rredcot_cli.train.steptime.PHASE_OBSERVERS``
+(called when each phase of ``Trainer.step`` opens and closes; rredcot_cli is not edited), wraps the
+communication and optimizer calls below the loop with wall-clock timers, in its own process only,
+then calls ``rredcot_cli.cli.main`` with ``train`` and the overrides, so the stage runs unchanged:
 
-  rredcot_cli.train.loop.training_samples        a step's start (Trainer.step starts its clock just before)
-  rredcot_cli.train.loop.sample_rows             sampling (the rank's generate calls + their all-gather)
-  ...train.completion_entropies / segment_rows / credit_batch / attribute
-                                              credit; the phase is everything between the end of
-                                              sampling and the start of policy_update, so it holds
-                                              the all-gather of segments and advantages too
-  ...train.policy_update                      update; inside it update.chunked_completion_logprobs
-                                              (the old-log-prob pre-pass), GradientStepper.backward
-                                              and GradientStepper.step (clip + AdamW)
-  DataParallel.refresh + HFBackend.sync_weights   weight refresh / sync after the update
+  phase sampling                              a step's start; sampling (the rank's generate calls +
+                                              their all-gather)
+  phases segment, credit                      credit; the phase is everything between the end of
+                                              sampling and the start of the update phase, so it
+                                              holds the all-gather of segments and advantages too
+  phase update                                update; inside it the old_logprobs phase (the
+                                              pre-pass), GradientStepper.backward and
+                                              GradientStepper.step (clip + AdamW)
+  phase refresh                               weight refresh / sync after the update (inside it
+                                              DataParallel.refresh and HFBackend.sync_weights) and
+                                              the critic fit
   DataParallel.all_gather_object / sum / barrier / on_main
                                               the train stage's own collectives (blocking calls)
   torch.distributed.all_gather_single / reduce_scatter_single / all_reduce / ...
@@ -76,6 +78,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[dict] = []
         self.stack: list[str] = []
+        self.opened: list[float] = []  # start times of the open phases
         self.lock = threading.Lock()
 
     def wrap(self, name: str, fn, kind: str = "call"):
@@ -99,25 +102,32 @@ class Recorder:
         with self.lock:
             self.events.append({"name": name, "kind": kind, "t0": t0, "t1": t1, "within": within})
 
+    def phase(self, event: str, name: str) -> None:
+        """A ``steptime.PHASE_OBSERVERS`` callback: the loop's phases as events ``phase.<name>``."""
+        if event == "begin":
+            self.stack.append(f"phase.{name}")
+            self.opened.append(time.perf_counter())
+            return
+        t1, t0 = time.perf_counter(), self.opened.pop()
+        self.stack.pop()
+        self.add(f"phase.{name}", "phase", t0, t1, list(self.stack))
+
 
 def _install(recorder: Recorder, profile_step: int, profile_out: Path | None) -> None:
-    """Wrap what the train loop calls (module globals of rredcot_cli.train.loop, methods of the classes)."""
-    import torch
+    """Observe the train loop's phases (steptime.PHASE_OBSERVERS) and wrap the calls below it that
+    the phases cannot see: backward and optimizer steps, weight syncs, collectives."""
     import torch.distributed as dist
 
-    from rredcot_cli.train import distributed, update
     from rredcot_cli.policy.hf import HFBackend
+    from rredcot_cli.train import distributed, steptime
     from rredcot_cli.train.precision import GradientStepper
-    from rredcot_cli.train import loop as train
 
-    for name in ("training_samples", "sample_rows", "completion_entropies", "segment_rows", "credit_batch",
-                 "attribute", "evaluate", "_save_checkpoint"):
-        setattr(train, name, recorder.wrap(name, getattr(train, name)))
-    update.chunked_completion_logprobs = recorder.wrap("prepass", update.chunked_completion_logprobs)
+    steptime.PHASE_OBSERVERS.append(recorder.phase)
     GradientStepper.backward = recorder.wrap("backward", GradientStepper.backward)
     GradientStepper.step = recorder.wrap("optimizer_step", GradientStepper.step)
     HFBackend.sync_weights = recorder.wrap("sync_weights", HFBackend.sync_weights)
     DP = distributed.DataParallel
+    DP.refresh = recorder.wrap("refresh", DP.refresh)
     for name in ("all_gather_object", "sum", "barrier", "on_main"):
         setattr(DP, name, recorder.wrap(f"dp.{name}", getattr(DP, name), kind="comm"))
     for name in ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -149,44 +159,24 @@ def _install(recorder: Recorder, profile_step: int, profile_out: Path | None) ->
 
     DP.wrap = wrap
 
-    # torch.profiler around the update and refresh of one step.
-    steps_seen = {"n": 0}
-    original_ts = train.training_samples
-
-    def counting_training_samples(*args, **kwargs):
-        steps_seen["n"] += 1
-        return original_ts(*args, **kwargs)
-
-    train.training_samples = counting_training_samples
+    # torch.profiler from the start of step profile_step's update phase to the end of its refresh.
     if profile_step and profile_out is not None:
-        original_update = train.policy_update
-        original_refresh = DP.refresh
+        state = {"steps": 0, "prof": None}
 
-        state = {"prof": None}
+        def profile_phases(event: str, name: str) -> None:
+            if event == "begin" and name == "sampling":
+                state["steps"] += 1
+            elif event == "begin" and name == "update" and state["steps"] == profile_step:
+                from torch.profiler import ProfilerActivity, profile
 
-        def profiled_update(*args, **kwargs):
-            if steps_seen["n"] != profile_step:
-                return original_update(*args, **kwargs)
-            from torch.profiler import ProfilerActivity, profile
+                state["prof"] = profile(activities=[ProfilerActivity.CPU])
+                state["prof"].start()
+            elif event == "end" and name == "refresh" and state["prof"] is not None:
+                prof, state["prof"] = state["prof"], None
+                prof.stop()
+                profile_out.write_text(json.dumps(_profile_table(prof), indent=1))
 
-            state["prof"] = profile(activities=[ProfilerActivity.CPU])
-            state["prof"].start()
-            return original_update(*args, **kwargs)
-
-        def profiled_refresh(self, trained, plain):
-            try:
-                return original_refresh(self, trained, plain)
-            finally:
-                if state["prof"] is not None:
-                    prof, state["prof"] = state["prof"], None
-                    prof.stop()
-                    profile_out.write_text(json.dumps(_profile_table(prof), indent=1))
-
-        train.policy_update = profiled_update
-        DP.refresh = profiled_refresh
-    train.policy_update = recorder.wrap("policy_update", train.policy_update)
-    DP.refresh = recorder.wrap("refresh", DP.refresh)
-    del torch
+        steptime.PHASE_OBSERVERS.append(profile_phases)
 
 
 COMM_WORDS = ("gloo", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "broadcast",
@@ -325,9 +315,9 @@ def point_command(world: int, threads: int, mode: str, method: str, steps: int, 
 def phases_of(events: list[dict], step_seconds: list[float] | None) -> list[dict]:
     """Per step of one rank: the phase seconds (sampling, credit, update, refresh, other), the
     sub-phases and the communication inside each phase."""
-    starts = [e for e in events if e["name"] == "training_samples"]
+    starts = [e for e in events if e["name"] == "phase.sampling"]
     starts.sort(key=lambda e: e["t0"])
-    later_end = [e["t0"] for e in events if e["name"] in ("evaluate", "_save_checkpoint")]
+    later_end = [e["t0"] for e in events if e["name"] == "phase.eval"]
     steps = []
     for i, ts in enumerate(starts):
         lo = ts["t0"]
@@ -345,11 +335,11 @@ def phases_of(events: list[dict], step_seconds: list[float] | None) -> list[dict
         def total(name, lo_=lo, hi_=hi):
             return sum(e["t1"] - e["t0"] for e in inside if e["name"] == name and lo_ <= e["t0"] < hi_)
 
-        pu, rf, sw = first("policy_update"), first("refresh"), [e for e in inside if e["name"] == "sync_weights"]
+        pu, rf = first("phase.update"), first("phase.refresh")
         sampling = ts["t1"] - ts["t0"]
         credit = (pu["t0"] - ts["t1"]) if pu else 0.0
         upd = (pu["t1"] - pu["t0"]) if pu else 0.0
-        refresh_end = max([e["t1"] for e in sw] + ([rf["t1"]] if rf else []), default=pu["t1"] if pu else ts["t1"])
+        refresh_end = rf["t1"] if rf else (pu["t1"] if pu else ts["t1"])
         refresh = refresh_end - pu["t1"] if pu else 0.0
         wall = step_seconds[i] if step_seconds and i < len(step_seconds) else hi - lo
         bounds = {"sampling": (ts["t0"], ts["t1"]), "credit": (ts["t1"], pu["t0"] if pu else ts["t1"]),
@@ -366,9 +356,8 @@ def phases_of(events: list[dict], step_seconds: list[float] | None) -> list[dict
             "step": i + 1, "seconds": wall,
             "phases": {"sampling": sampling, "credit": credit, "update": upd, "refresh": refresh,
                        "other": wall - sampling - credit - upd - refresh},
-            "sub": {"credit.segment_rows": total("segment_rows"), "credit.attribute": total("attribute"),
-                    "credit.credit_batch": total("credit_batch"), "credit.entropies": total("completion_entropies"),
-                    "update.prepass": total("prepass"), "update.backward": total("backward"),
+            "sub": {"credit.segment": total("phase.segment"), "credit.credit": total("phase.credit"),
+                    "update.prepass": total("phase.old_logprobs"), "update.backward": total("backward"),
                     "update.optimizer_step": total("optimizer_step"),
                     "refresh.dp_refresh": total("refresh"), "refresh.sync_weights": total("sync_weights")},
             "comm": comm,
@@ -517,15 +506,16 @@ def write_md(data: dict, path: Path) -> None:
     failed = [r for r in data["results"] if r.get("returncode") != 0]
     for r in failed:
         L.append(f"\nFAILED: {r['name']} (rc {r['returncode']}): `{r['command']}`")
-    L.append("\nPhases are rank 0's seconds per step (mean over the averaged steps): *sampling* = "
-             "`training_samples` (the rank's generate calls, verification, and the all-gather of the rows); "
-             "*credit* = from the end of sampling to the start of `policy_update` (segmenting, the credit method, "
-             "and under torchrun the all-gathers of segments and advantages); *update* = `policy_update` "
-             "(old-log-prob pre-pass, forward/backward per minibatch, clip + AdamW); *refresh* = "
-             "`DataParallel.refresh` + `backend.sync_weights`; *other* = the rest of the step (metrics row, "
-             "progress bar). *comm* is the time inside these phases spent in collectives (next section).\n")
+    L.append("\nPhases are rank 0's seconds per step (mean over the averaged steps), from the loop's own phases "
+             "(`steptime.PHASE_OBSERVERS`): *sampling* = the sampling phase (the rank's generate calls, "
+             "verification, and the all-gather of the rows); *credit* = from the end of sampling to the start of "
+             "the update phase (segmenting, the credit method, and under torchrun the all-gathers of segments and "
+             "advantages); *update* = the update phase (old-log-prob pre-pass, forward/backward per minibatch, "
+             "clip + AdamW); *refresh* = the refresh phase (`DataParallel.refresh`, `backend.sync_weights`, the "
+             "critic fit); *other* = the rest of the step (metrics row, progress bar). *comm* is the time inside "
+             "these phases spent in collectives (next section).\n")
     L.append("## Where the time goes, in detail\n")
-    L.append("| point | prepass | backward | optimizer | segment | attribute | dp.refresh | stage collectives "
+    L.append("| point | prepass | backward | optimizer | segment | credit | dp.refresh | stage collectives "
              "(sampling/credit/update/refresh) | FSDP2 collectives (update/refresh) | DDP all-reduce in flight "
              "(update) | rank 1 s in sampling / update |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -535,7 +525,8 @@ def write_md(data: dict, path: Path) -> None:
         r1 = r["ranks"].get("1", {}).get("mean")
         r1s = f"{r1['phases']['sampling']:.2f} / {r1['phases']['update']:.2f}" if r1 else "-"
         L.append(f"| {r['name']} | {s['update.prepass']:.2f} | {s['update.backward']:.2f} | "
-                 f"{s['update.optimizer_step']:.3f} | {s['credit.segment_rows']:.3f} | {s['credit.attribute']:.3f} | "
+                 f"{s['update.optimizer_step']:.3f} | {s.get('credit.segment', s.get('credit.segment_rows')):.3f} | "
+                 f"{s.get('credit.credit', s.get('credit.attribute')):.3f} | "
                  f"{s['refresh.dp_refresh']:.3f} | "
                  + "/".join(f"{c[p]['stage_collectives']:.2f}" for p in ("sampling", "credit", "update", "refresh"))
                  + f" | {c['update']['fsdp2_collectives']:.2f}/{c['refresh']['fsdp2_collectives']:.2f} | "

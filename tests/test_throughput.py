@@ -299,3 +299,22 @@ def test_advantage_std_is_over_completion_tokens_only():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert _advantage_std(advantages, mask) == pytest.approx(1.0)
     assert _advantage_std(advantages, torch.tensor([[1, 0, 0], [0, 0, 0]])) is None
+
+
+def test_phase_observers_see_every_phase_open_and_close(monkeypatch):
+    """steptime.PHASE_OBSERVERS, the seam bench/scaling.py times the loop through: each observer
+    hears a phase open before its clock starts and close after it stops, nested phases inside
+    their parent, and the clock's exclusive seconds are what they were without observers."""
+    from rredcot_cli.train import steptime
+
+    heard = []
+    monkeypatch.setattr(steptime, "PHASE_OBSERVERS", [lambda event, name: heard.append((event, name))])
+    clock = steptime.StepClock()
+    with clock.phase("update"):
+        with clock.phase("old_logprobs"):
+            pass
+    with clock.phase("refresh"):
+        pass
+    assert heard == [("begin", "update"), ("begin", "old_logprobs"), ("end", "old_logprobs"), ("end", "update"),
+                     ("begin", "refresh"), ("end", "refresh")]
+    assert set(clock.columns()) == {f"seconds_{name}" for name in steptime.PHASES}

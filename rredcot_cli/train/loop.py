@@ -33,8 +33,9 @@ Launch it in one process, with torchrun (DDP or FSDP2, rredcot_cli/train/distrib
 
 The trained weights have two names: ``trained``, what the update runs (under torchrun the DDP or
 FSDP2 root), and ``plain``, the model that samples, scores and is saved (the same object in one
-process). ``bench/scaling.py`` times the loop by wrapping this module's globals (``sample_rows``,
-``policy_update``, ...), so the loop calls them by those names.
+process). Each phase of a step runs under the step clock (``self.clock.phase(...)``, the
+``seconds_<phase>`` columns); ``steptime.PHASE_OBSERVERS`` lets a bench watch the phases open and
+close without touching this module (``bench/scaling.py``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ and ``policy_update`` opens the old and reference log-prob passes inside the upd
 column only, so the columns of a step add up to the time spent in phases. ``bench/throughput.py``
 turns them into tokens/s per phase.
 
+``PHASE_OBSERVERS`` is the seam for timing the loop from outside without touching it:
+``bench/scaling.py`` appends a callback that records when each phase opens and closes, on every
+rank, and lines them up with its communication timers.
+
 Phases (metrics columns ``seconds_<phase>``):
   sampling      generate + verify the step's groups (every draw, with dynamic sampling)
   segment       segmentation (and the entropy pass of entropy-based rules)
@@ -21,12 +25,17 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator
 
 PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
 # The metrics columns that hold wall-clock time (the step's and its phases'): what differs between
 # two runs that compute the same thing.
 CLOCK_COLUMNS = ("seconds", *(f"seconds_{name}" for name in PHASES))
+
+# Callbacks every StepClock calls as ``observer(event, name)``, event "begin" right before a phase
+# opens and "end" right after it closes (a step starts with the "sampling" phase). Empty unless a
+# bench appends to it; an observer's own time falls outside the phase it reports.
+PHASE_OBSERVERS: list[Callable[[str, str], None]] = []
 
 
 class StepClock:
@@ -43,6 +52,8 @@ class StepClock:
     def phase(self, name: str) -> Iterator[None]:
         if name not in self.seconds:
             raise ValueError(f"unknown phase {name!r}; valid: {', '.join(PHASES)}")
+        for observer in PHASE_OBSERVERS:
+            observer("begin", name)
         start = time.perf_counter()
         self._nested.append(0.0)
         try:
@@ -53,6 +64,8 @@ class StepClock:
             self.seconds[name] += elapsed - inner
             if self._nested:
                 self._nested[-1] += elapsed
+            for observer in PHASE_OBSERVERS:
+                observer("end", name)
 
     def columns(self) -> dict[str, float]:
         """The metrics columns ``seconds_<phase>``."""
