@@ -29,7 +29,9 @@ class LoraConfig:
     # with the adapters switched off (no copy), vLLM gets the merged weights after every update,
     # and the final checkpoint is a merged plain HF folder plus the adapter in adapter/.
     r: int = 0
+    # Scale of the adapters' update: it is multiplied by alpha / r (peft's lora_alpha).
     alpha: float = 32.0
+    # Dropout on the adapters' input during training (peft's lora_dropout); 0: none.
     dropout: float = 0.0
     # Module names to adapt; ["all-linear"] is every linear layer but the LM head (peft's rule).
     target_modules: List[str] = field(default_factory=lambda: ["all-linear"])
@@ -37,6 +39,7 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
+    # The preset's label (conf/model/<name>.yaml); what is loaded is model.path.
     name: str = "tiny"
     # "embedded" is the tiny model shipped inside the package; FILE.gguf, a llama.cpp file converted
     # once into a cached HF folder (rredcot_cli/policy/model_files.py); pkg://DIST/FILE, a file shipped in
@@ -47,16 +50,19 @@ class ModelConfig:
     # dtype of training. The trained weights follow train.precision (float32 master weights under
     # the default mixed precision) and checkpoints are written back in this dtype.
     dtype: str = "float32"
+    # Let transformers (and vLLM) run the model repository's own Python code; off unless you trust it.
     trust_remote_code: bool = False
     # Wrap prompts in the tokenizer's chat template: auto (on exactly when the tokenizer has one:
     # instruct models yes, base models and the embedded one no) | true (refused in one line when the
     # tokenizer has none) | false (plain-text prompts, e.g. a base model whose tokenizer has one).
     chat_template: Any = "auto"
+    # LoRA adapters instead of training every weight (model.lora.r > 0).
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class BackendConfig:
+    # What samples completions: hf (transformers, a compacting decode loop) | vllm (rredcot_cli/policy/vllm.py).
     name: str = "hf"
     # auto (cuda when available, else cpu) | cpu | cuda.
     device: str = "auto"
@@ -68,7 +74,9 @@ class BackendConfig:
     num_threads: int = 1
     # vLLM only. Share of GPU memory the engine takes (weights + KV cache) unless kv_cache_gb is set.
     gpu_memory_utilization: float = 0.5
+    # vLLM only. GPUs one engine shards the model over (its tensor_parallel_size).
     tensor_parallel_size: int = 1
+    # vLLM only. Run the model eagerly instead of capturing CUDA graphs (slower, starts faster).
     enforce_eager: bool = False
     # KV cache size in GiB; null: 1 GiB on CPU (vLLM's CPU engine needs a size), the
     # gpu_memory_utilization share on GPU.
@@ -87,13 +95,18 @@ class BackendConfig:
 
 @dataclass
 class BenchmarkConfig:
+    # Registered benchmark: chain | chain_verbose | search (synthetic), gsm8k | math500 | arith |
+    # jsonl (packaged or from path), or a user benchmark (docs/extending.md).
     name: str = "chain"
     # Local JSONL/Parquet file or folder, or an HF hub dataset id (real benchmarks only).
     path: Optional[str] = None
+    # The split `rredcot train` draws its prompts from.
     train_split: str = "train"
+    # The split of `rredcot train`'s held-out evals (train.eval_problems of it).
     eval_split: str = "test"
     # Synthetic benchmarks: number of computed steps per problem, drawn uniformly.
     min_steps: int = 4
+    # Synthetic benchmarks: the most computed steps a problem has.
     max_steps: int = 12
     # Synthetic benchmarks: the seed problems are generated from (split seeds derive from it).
     data_seed: int = 1234
@@ -105,14 +118,14 @@ class BenchmarkConfig:
     # none (the whole completion); answer_regex: its last match (group 1 if it has a group);
     # the verifier: math_verify | exact | numeric (|a-g| <= tolerance * max(1, |g|)) | a
     # function pkg.mod:fn(answer, gold) -> float | bool | None.
-    question_field: str = "question"
-    answer_field: str = "answer"
-    id_field: Optional[str] = None
-    prompt_template: Optional[str] = None
-    extractor: str = "boxed"
-    answer_regex: Optional[str] = None
-    verifier: str = "math_verify"
-    tolerance: float = 1e-6
+    question_field: str = "question"  # jsonl: the row field holding the question
+    answer_field: str = "answer"  # jsonl: the row field holding the gold answer
+    id_field: Optional[str] = None  # jsonl: the row field holding a unique id; null: the row index
+    prompt_template: Optional[str] = None  # jsonl: the prompt, {question} replaced; null: boxed prompt
+    extractor: str = "boxed"  # jsonl: boxed | last_number | regex | none (the whole completion)
+    answer_regex: Optional[str] = None  # jsonl, extractor=regex: its last match (group 1 if any)
+    verifier: str = "math_verify"  # jsonl: math_verify | exact | numeric | pkg.mod:fn(answer, gold)
+    tolerance: float = 1e-6  # jsonl, verifier=numeric: |a-g| <= tolerance * max(1, |g|)
     # gsm8k, and jsonl with extractor=last_number: a completion cut off at the token budget
     # (finish_reason "length") is scored only from an explicit final-answer marker (\boxed{},
     # "####", "The final answer is"); true gives it the last-number fallback too (the old rule).
@@ -156,39 +169,56 @@ class SegmentConfig:
 class SamplingConfig:
     # Completions per prompt (the group size G).
     n: int = 8
+    # Sampling temperature of every stage that samples (sample, train, judge's reference).
     temperature: float = 1.0
+    # Nucleus sampling: draw from the smallest set of tokens whose probability reaches top_p; 1: all.
     top_p: float = 1.0
+    # Token budget of a completion; one cut there has finish_reason "length".
     max_new_tokens: int = 256
 
 
 @dataclass
 class SampleConfig:
+    # The benchmark split `rredcot sample` draws its prompts from.
     split: str = "test"
+    # Prompts `rredcot sample` draws (the first of the split), sampling.n completions each.
     num_prompts: int = 32
 
 
 @dataclass
 class TrainConfig:
+    # RL steps: each samples, credits, updates and refreshes once.
     steps: int = 30
+    # Prompts drawn per step, each with sampling.n completions (one group).
     prompts_per_step: int = 8
     # Tuned on the embedded default (seed 0, 30 steps): 1e-4 collapsed, 3e-5 cosine was best.
     lr: float = 3e-5
     lr_schedule: str = "cosine"  # constant | linear | cosine
+    # Optimizer steps over which the learning rate rises linearly from lr / warmup_steps to lr.
     warmup_steps: int = 2
+    # AdamW's decoupled weight decay.
     weight_decay: float = 0.0
+    # AdamW's moment decay rates (beta1, beta2).
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+    # Largest global gradient norm of an optimizer step (clipped above it).
     grad_clip: float = 1.0
     # Policy updates per sampled batch (mu in GRPO) and completions per update.
     updates_per_batch: int = 2
+    # Completions per optimizer step (the batch is shuffled and cut into minibatches).
     minibatch_size: int = 32
+    # The ratio pi/pi_old is clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low: DAPO's clip-higher).
     clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_high: float = 0.2  # see clip_low
     # token-mean | seq-mean-token-mean | constant (divide by max_new_tokens, Dr. GRPO)
     loss_agg: str = "token-mean"
+    # Weight of the KL penalty to the initial policy (0: no reference model is kept).
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k3
+    # Every this many steps (and at the last), a held-out eval on benchmark.eval_split; 0: only before and after.
     eval_every: int = 10
+    # Problems of the held-out evals (the first of benchmark.eval_split).
     eval_problems: int = 64
+    # Samples per held-out problem (pass@1 and pass@eval_samples, at sampling.temperature/top_p).
     eval_samples: int = 4
     # Every this many steps, write checkpoints/step-N: the weights plus everything resuming needs
     # (optimizer, LR scheduler, RNG states, step, metrics so far). 0: only the final checkpoint.
@@ -203,7 +233,7 @@ class TrainConfig:
     # signal) and draw the next prompts_per_step problems until prompts_per_step mixed groups are
     # found, at most max_sampling_rounds draws per step (then train on the mixed groups found).
     dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
+    max_sampling_rounds: int = 4  # see dynamic_sampling
     # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/train/precision.py). auto follows
     # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
     precision: str = "auto"
@@ -225,6 +255,7 @@ class TrainConfig:
     # trainer's (vLLM kernels, precision): none | token_truncate | token_mask | sequence_truncate |
     # sequence_mask, with the cap below (rredcot_cli/train/loss.py, as TRL's vllm_importance_sampling_*).
     sampler_correction: str = "none"
+    # The cap of those weights (truncate: clipped to it; mask: tokens or sequences above it dropped).
     sampler_correction_cap: float = 2.0
     # Old log-probs of the policy update: recompute (a pre-update pass over the batch) | sampler
     # (the log-probs the sampler recorded; right only when it is the trained model in the same
@@ -258,11 +289,11 @@ class CriticConfig:
     # with a linear value head, trained on the GAE returns after every policy update. Other
     # methods ignore this group (and it is not part of their config hash).
     lr: float = 3e-4  # 10x train.lr, the actor/critic ratio of verl's PPO examples (1e-6 / 1e-5)
-    updates_per_batch: int = 2
-    minibatch_size: int = 32
+    updates_per_batch: int = 2  # passes over the batch per policy update
+    minibatch_size: int = 32  # completions per critic optimizer step
     value_clip: float = 0.5  # PPO's clipped value loss around the old values (verl default); 0: off
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # largest gradient norm of a critic step
+    weight_decay: float = 0.0  # AdamW's weight decay for the critic
     # Where its weights start: "policy" (the policy's body and a zero head, so V = 0 at first;
     # VinePPO's PPO baseline also starts the critic from the policy) or a critic.pt written by
     # `rredcot train` (checkpoints/final/critic.pt), e.g. to attribute with a trained critic.
@@ -271,26 +302,31 @@ class CriticConfig:
 
 @dataclass
 class EvalConfig:
+    # `rredcot eval`: the benchmark split evaluated.
     split: str = "test"
+    # Problems evaluated (the first of the split).
     num_problems: int = 128
+    # Samples per problem.
     n: int = 8
+    # The k of each pass@k reported (unbiased estimator over the n samples; each k <= n).
     k: List[int] = field(default_factory=lambda: [1, 4, 8])
+    # Sampling temperature and nucleus top_p of the eval's samples.
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # see temperature
 
 
 @dataclass
 class SFTConfig:
     # Defaults reproduce the shipped rredcot_cli/assets/tiny-chain (see its training.json).
-    steps: int = 800
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    warmup_steps: int = 50
+    steps: int = 800  # optimizer steps
+    batch_size: int = 64  # examples per step
+    lr: float = 1e-3  # AdamW's peak learning rate (cosine decay to 10% of it after the warmup)
+    weight_decay: float = 0.01  # AdamW's weight decay (matrices only)
+    grad_clip: float = 1.0  # largest gradient norm of a step
+    warmup_steps: int = 50  # steps of linear learning-rate warmup
     # Chain lengths of the SFT data (RL and eval default to 4-12 steps).
     min_steps: int = 2
-    max_steps: int = 20
+    max_steps: int = 20  # see min_steps
     # Each step of an SFT solution is miscomputed with this probability, so the model learns to
     # make occasional errors and sampled accuracy leaves room for RL (greedy stays near 100%).
     solution_error_rate: float = 0.08
@@ -301,16 +337,16 @@ class SFTConfig:
     # mix_benchmark=chain while fine-tuning on chain_verbose keeps the compact `a+b=c` lines, and
     # with them the arithmetic, in practice). Its problems use data_seed + 1, the same lengths.
     mix_benchmark: Optional[str] = None
-    mix_fraction: float = 0.0
+    mix_fraction: float = 0.0  # see mix_benchmark
     # Batch examples of similar length together (within windows of 32 batches, batch order
     # shuffled): the same examples with less padding, which matters for long lines.
     group_by_length: bool = False
     # Architecture of the model trained from scratch.
-    hidden_size: int = 128
-    num_layers: int = 6
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 2048
+    hidden_size: int = 128  # width of the residual stream
+    num_layers: int = 6  # decoder layers
+    num_heads: int = 4  # attention heads per layer
+    intermediate_size: int = 512  # width of each MLP
+    max_position_embeddings: int = 2048  # longest sequence (tokens) the model takes
 
 
 @dataclass
@@ -347,22 +383,23 @@ class JudgeConfig:
 
 @dataclass
 class Config:
+    # The one seed every other seed derives from (rredcot_cli/rng.py).
     seed: int = 0
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
-    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
-    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    run: RunConfig = field(default_factory=RunConfig)  # the run folder
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy's weights and tokenizer
+    backend: BackendConfig = field(default_factory=BackendConfig)  # what samples from it
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)  # the problems and their verifier
+    segment: SegmentConfig = field(default_factory=SegmentConfig)  # how completions are cut into segments
     # Checked against the chosen method's declared parameters after composition.
     method: Any = None
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # group size and decoding
+    sample: SampleConfig = field(default_factory=SampleConfig)  # `rredcot sample`
+    train: TrainConfig = field(default_factory=TrainConfig)  # `rredcot train`
+    critic: CriticConfig = field(default_factory=CriticConfig)  # ppo's learned value function
+    eval: EvalConfig = field(default_factory=EvalConfig)  # `rredcot eval`
+    sft: SFTConfig = field(default_factory=SFTConfig)  # `rredcot sft`
+    heatmap: HeatmapConfig = field(default_factory=HeatmapConfig)  # `rredcot heatmap`
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # `rredcot judge`
     # Explicit input artifacts, overriding the run dir's (e.g. inputs.samples=/path/samples.parquet).
     inputs: Any = field(default_factory=dict)
     # Experiment trackers `rredcot train` logs each step's metrics to, through their own libraries
