@@ -11,8 +11,8 @@ live tensors), its wall and CPU seconds, the forward positions, the values (to c
 and which ``rredcot_cli`` was imported, so the same command run against two checkouts
 (``PYTHONPATH=<checkout>``) compares them:
 
-    python bench/credit_memory.py --label after --out docs/bench/credit-memory/after.json
-    PYTHONPATH=/tmp/before python bench/credit_memory.py --label before --out docs/bench/credit-memory/before.json
+    python bench/credit_memory.py --label after --out results/memory/credit-memory/after.json
+    PYTHONPATH=/tmp/before python bench/credit_memory.py --label before --out results/memory/credit-memory/before.json
 """
 
 from __future__ import annotations

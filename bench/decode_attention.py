@@ -11,7 +11,7 @@ values. This times, on one thread:
 
 and prints JSON (``--out`` writes it). Compare the attention time per step with the bench's
 measured time per decode step (64 rows / tokens per s) to see how much of the step the KV reads
-are. Run on a quiet machine: ``python bench/decode_attention.py --out docs/bench/decode_attention.json``.
+are. Run on a quiet machine: ``python bench/decode_attention.py --out results/throughput/decode_attention.json``.
 """
 
 from __future__ import annotations

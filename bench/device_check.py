@@ -2,7 +2,7 @@
 access (the embedded model and random-init models of real shapes from bench/configs/).
 
     pip install torch==<your CUDA build> && pip install -e ".[vllm,test]"
-    python bench/device_check.py --out docs/bench/device_check.json        # on one GPU, <= 8 min
+    python bench/device_check.py --out results/device-check/device_check.json        # on one GPU, <= 8 min
 
 It runs, in order, and writes each result into the JSON as soon as it has it (a run cut short
 keeps what finished):
@@ -50,7 +50,7 @@ TEXTS = ["Compute mod 10: 1 +2 *3 -4 +5\n", "Compute mod 10: 7 *7 -2\n", "x = 4\
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "device_check.json"))
+    parser.add_argument("--out", default=str(REPO / "results" / "device-check" / "device_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the script on CPU")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these parts: logprobs sync train throughput memory")

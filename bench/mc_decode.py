@@ -5,7 +5,7 @@ Prefixes are prompt + the first half of the gold solution's lines, for problems 
 each gets ``--k`` continuations sampled by the shipped model at temperature 1 (the reference's
 setting). Reports generated tokens per second of wall time and the continuation lengths.
 
-    python bench/mc_decode.py --out docs/bench/mc-decode/mc_decode.json
+    python bench/mc_decode.py --out results/long-chains/mc-decode/mc_decode.json
 
 Timings are medians over ``--repeats`` runs in one process, one torch thread unless
 ``--threads``; run on a quiet machine or label the figure.

@@ -24,9 +24,9 @@ tensor leaves the resident set at once and RSS follows live tensor bytes instead
 retained heap.
 
     python bench/memory.py --quick                         # one small point, < 1 min
-    python bench/memory.py --plan full --out docs/bench/memory.json
+    python bench/memory.py --plan full --out results/memory/memory.json
     python bench/memory.py --models qwen2.5-0.5b --lengths 1024 --options all,lora_all --layers 2,6
-    python bench/memory.py --derive docs/bench/memory.json  # fits-on tables (docs/memory.md)
+    python bench/memory.py --derive results/memory/memory.json  # fits-on tables (docs/memory.md)
 
 ``--derive`` turns the measurements into whole-model, GPU-side estimates (docs/memory.md says
 how) and writes them beside the input as memory_derived.json.
@@ -120,7 +120,7 @@ def _full_layers(model: str) -> int:
 
 
 def plan(name: str) -> list[Point]:
-    """The named measurement plans. ``full`` is what docs/bench/memory.json holds; its choice of
+    """The named measurement plans. ``full`` is what results/memory/memory.json holds; its choice of
     points (and why) is written up in docs/memory.md."""
     if name == "quick":
         return [Point("qwen2.5-0.5b", 1, 256, 2, "all")]
@@ -132,7 +132,7 @@ def plan(name: str) -> list[Point]:
     # In the order they were measured at commit 1aa4279's code (most needed first). The points
     # marked "re-used" were measured at f0aeb72, before it; docs/memory.md says why its changes
     # cannot move them (no autocast, or only LoRA's few fp32 adapter weights cast) and
-    # docs/bench/memory.json marks them ``reused_from``. --resume keeps them.
+    # results/memory/memory.json marks them ``reused_from``. --resume keeps them.
     return [
         # The headline option set (all) at 1k, 0.5B, 2 and 6 layers and the full 24: the check of
         # the extrapolation in depth.
@@ -464,7 +464,7 @@ def _write(data: dict, out: Path | None) -> None:
 
 # --------------------------------------------------------------------------- derivation
 #
-# Everything below turns docs/bench/memory.json into whole-model, GPU-side estimates. Bytes of
+# Everything below turns results/memory/memory.json into whole-model, GPU-side estimates. Bytes of
 # parameters, gradients and AdamW moments are exact arithmetic from config.json; the rest of an
 # update's memory comes from the measured per-phase peaks, extrapolated linearly in depth (each
 # phase's extra memory per decoder layer is constant; checked at 0.5B's full 24 layers).

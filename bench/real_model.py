@@ -1,9 +1,9 @@
 """Speed and memory of a training step on a real model (SmolLM2-135M-Instruct), each beside its limit
 (issue 27, item 3).
 
-    python bench/real_model.py                     # everything (~20 min) -> docs/bench/real_model_speed.json
+    python bench/real_model.py                     # everything (~20 min) -> results/real-model-speed/real_model_speed.json
     python bench/real_model.py --md docs/real-model-speed.md   # ... and the generated part of the write-up
-    python bench/real_model.py --write-md docs/bench/real_model_speed.json --md docs/real-model-speed.md
+    python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/real-model-speed.md
     python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
 
 What it measures, every figure with the CPU other processes used meanwhile (bench/scaling.py's
@@ -683,7 +683,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="the plumbing on the embedded model, tiny budgets")
     ap.add_argument("--work", default=None)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "real_model_speed.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "real-model-speed" / "real_model_speed.json"))
     ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write --md from a result file")
     ap.add_argument("--extend", metavar="JSON", help="add this invocation's rows to a result file (its machine, "

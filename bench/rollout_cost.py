@@ -5,7 +5,7 @@
 
 Runs ``rredcot train`` in this process with ``train.save_rollouts=1`` and a timer around
 ``train_rollouts.save``, then reports per saved step the seconds spent writing it, its bytes on
-disk, and the step's own seconds (``metrics.parquet``). Writes ``docs/bench/rollout_cost.json``.
+disk, and the step's own seconds (``metrics.parquet``). Writes ``results/throughput/rollout_cost.json``.
 A saved step at rate N costs (write seconds / step seconds) / N of the run time.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "rollout_cost.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "throughput" / "rollout_cost.json"))
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides")
     args = ap.parse_args()
 

@@ -37,9 +37,9 @@ On one step (``--profile-step``, default 3) the update and the refresh also run 
 torch.profiler; its per-op table (communication ops picked out by name) goes into the JSON as a
 cross-check, and that step is left out of the s/step averages. Step 1 (warm-up) is left out too.
 
-    python bench/scaling.py                       # the whole matrix -> docs/bench/scaling.json
+    python bench/scaling.py                       # the whole matrix -> results/scaling/scaling.json
     python bench/scaling.py --methods grpo --steps 4 --out /tmp/s.json   # a quick look
-    python bench/scaling.py --write-md docs/bench/scaling.json           # (re)write docs/scaling.md
+    python bench/scaling.py --write-md results/scaling/scaling.json           # (re)write docs/scaling.md
 
 Each point's ``seconds`` per step come from the run's own ``train/metrics.parquet`` (rank 0);
 the phases from the driver's timers. ``others_cores`` is the CPU other processes on the machine
@@ -476,7 +476,7 @@ def write_md(data: dict, path: Path) -> None:
     shared = any((r.get("others_cores_mean") or 0) > 0.15 for r in data["results"])
     L = []
     L.append("# Data-parallel scaling of `rredcot train` on a 2-core CPU\n")
-    L.append(f"Measured {data['date']} with `bench/scaling.py` (raw numbers: `docs/bench/scaling.json`). "
+    L.append(f"Measured {data['date']} with `bench/scaling.py` (raw numbers: `results/scaling/scaling.json`). "
              f"Machine: {data['machine']['cpu_model']}, {data['machine']['logical_cpus']} logical CPUs, "
              f"{data['machine']['mem_gb']} GB, torch {data['machine']['torch']} (CPU build), Python "
              f"{data['machine']['python']}. Embedded tiny model with the default config, `seed=0`, "
@@ -549,7 +549,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile-step", type=int, default=3, help="step whose update runs under torch.profiler (0: none)")
     ap.add_argument("--only", default="", help="comma-separated point names (w2-t1-ddp-grpo, ...) to run")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "scaling.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "scaling" / "scaling.json"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "scaling.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")

@@ -8,7 +8,7 @@ few characters with dozens of predictable ones; this table shows where a fine-tu
 (e.g. an operand that is right up to step 4 and wrong after), before any sampling.
 
     python bench/teacher_forced_steps.py --model runs/x/sft/model --benchmark chain_verbose \
-        --problems 64 --json docs/bench/verbose-finetune/x-teacher-forced.json
+        --problems 64 --json results/long-chains/verbose-finetune/x-teacher-forced.json
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Training throughput of GRPO, RREDCoT and TRL's GRPOTrainer side by side, where a step's time
 goes, and how fast the backends decode at the default length and at ~1,000 tokens.
 
-    python bench/throughput.py                  # everything -> docs/bench/throughput.json, docs/throughput.md
+    python bench/throughput.py                  # everything -> results/throughput/throughput.json, docs/throughput.md
     python bench/throughput.py --steps 4 --repeats 1 --decode none --out /tmp/t.json --md /tmp/t.md   # a look
     PYTHONPATH=/dir/with/trl python bench/throughput.py   # with TRL's rows (trl 1.16 + datasets importable)
-    python bench/throughput.py --write-md docs/bench/throughput.json   # (re)write the markdown only
+    python bench/throughput.py --write-md results/throughput/throughput.json   # (re)write the markdown only
 
 Training. Every run is a real ``rredcot train`` (the embedded model and default config, seed 0,
 ``--steps`` steps, one held-out eval at the last step) in a process of its own with one torch
@@ -387,7 +387,7 @@ def write_md(data: dict, path: Path) -> None:
     L = ["# Throughput: GRPO, RREDCoT and TRL side by side\n"]
     L.append(f"Measured {data['date']} with `bench/throughput.py` at commit `{data['commit']}`"
              f"{' (with uncommitted changes)' if data.get('dirty') else ''} (raw numbers: "
-             f"`{data.get('json_name', 'docs/bench/throughput.json')}`). Machine: {mach['cpu_model']}, "
+             f"`{data.get('json_name', 'results/throughput/throughput.json')}`). Machine: {mach['cpu_model']}, "
              f"{mach['logical_cpus']} logical CPUs, {mach['mem_gb']} GB, torch {mach['torch']}, Python {mach['python']}; "
              f"one torch thread per run. Embedded model, default config, seed 0, {data['steps']} steps per run, "
              f"{data['repeats']} repeat(s), runs alternating; s/step = mean over steps 2..{data['steps']}.\n")
@@ -508,7 +508,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
                     help="an interpreter with vllm and this project installed, for the vllm decode rows")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "throughput.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "throughput" / "throughput.json"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "throughput.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides for the training runs")

@@ -6,7 +6,7 @@ On one saved batch per chain length (the embedded tiny model on the synthetic ch
   - how often the most negative segment credit of an incorrect completion contains its first
     wrong step (chance level: 1 / number of segments, averaged), per estimator.
 
-    python bench/value_cost.py --out docs/bench/value_cost.json
+    python bench/value_cost.py --out results/rredcot-value-cost/value_cost.json
 
 Everything runs in one process with fixed seeds; timings are medians over --repeats runs.
 """
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="docs/bench/value_cost.json")
+    parser.add_argument("--out", default="results/rredcot-value-cost/value_cost.json")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CLI's default is 1)")
     parser.add_argument("--cases", default="8,16,80,fixed40,fixed80",
                         help="comma list: N = N-step chains with newline segments, fixedN = fixed 24-token segments")

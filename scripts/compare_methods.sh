@@ -11,7 +11,7 @@
 #   SEEDS    seeds (default: 0 1 2)
 #   EXTRA    overrides added to every `rredcot train` (default: none, i.e. the default settings)
 #   RUNS     folder of the run dirs, one per method and seed: $RUNS/<method>-seed<seed> (default: runs/compare)
-#   REPORT   where `rredcot report` writes (default: docs/compare)
+#   REPORT   where `rredcot report` writes (default: results/method-comparison/report)
 #   RREDCOT  the command (default: rredcot if on PATH, else python -m rredcot_cli)
 #
 # A run whose train/manifest.json says "complete" is skipped (whatever EXTRA it was made with), so
@@ -34,7 +34,7 @@ fi
 SEEDS=${SEEDS:-"0 1 2"}
 EXTRA=${EXTRA:-}
 RUNS=${RUNS:-runs/compare}
-REPORT=${REPORT:-docs/compare}
+REPORT=${REPORT:-results/method-comparison/report}
 
 finished() {  # true when $1/train/manifest.json says the stage is complete
   $PYTHON - "$1/train/manifest.json" <<'EOF'

@@ -2,7 +2,7 @@
 (``credit_quality.parquet``, one row per method and batch): mean ± half-width of the 95% Student-t
 interval over batches per column, then paired differences of two methods over the same batches.
 
-    python scripts/credit_quality_table.py docs/bench/credit-quality-r4/credit_quality.parquet \
+    python scripts/credit_quality_table.py results/credit-quality/r4/credit_quality.parquet \
         [more.parquet ...] [--label FILE=SUFFIX ...] [--pair rredcot mc]
 
 Several files judged on the same traces (e.g. a second judge run with ``run.tag``) are read as

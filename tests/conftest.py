@@ -1,4 +1,4 @@
-"""Suite-wide settings."""
+"""Suite-wide settings and the fixtures more than one test module uses (helpers without a fixture: batches.py)."""
 
 import pytest
 
@@ -74,3 +74,13 @@ def tiny_bpe_dir(smollm2_dir, tmp_path_factory) -> str:
     model.save_pretrained(str(out))
     save_tokenizer(AutoTokenizer.from_pretrained(smollm2_dir), out)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def tiny_chain():
+    """The embedded policy and a credit batch over one chain problem: two gold completions and
+    two that miscompute step 1 (then carry on consistently), segmented by newline (methods/test_rivals,
+    methods/test_peer_reweighting)."""
+    from batches import tiny_chain_credit_batch
+
+    return tiny_chain_credit_batch()

@@ -1,7 +1,7 @@
 """Property-based fuzzing (hypothesis) of the parts that meet arbitrary model output or files:
 segmenters, verifiers, artifact and data readers, advantage functions. Each test states its
 number of examples; docs/failure-modes.md lists the totals. (More segmenter and RREDCoT
-properties: tests/test_segmenters.py, tests/test_rredcot.py.)"""
+properties: tests/test_segmenters.py, tests/methods/test_rredcot.py.)"""
 
 import dataclasses
 import io

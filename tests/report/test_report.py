@@ -20,7 +20,7 @@ from rredcot_cli.store import artifacts
 from rredcot_cli.cli import app
 from rredcot_cli.report.compare import build_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 SMALL = [
     "benchmark.min_steps=2", "benchmark.max_steps=4", "sampling.n=2", "sampling.max_new_tokens=48",

@@ -14,7 +14,7 @@ from rredcot_cli.methods import get_method
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.dapo import DAPOParams, dapo_advantage, overlong_penalty
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def make_batch(rewards, groups, lengths, segments_per_completion=None):

@@ -152,7 +152,7 @@ def test_shipped_verbose_model_continues_gold_chain_verbose_lines():
 
 def test_import_rredcot_cli_does_not_import_torch():
     code = "import sys, rredcot_cli, rredcot_cli.benchmarks.synthetic; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_train_sft_smoke(tmp_path):

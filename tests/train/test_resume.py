@@ -22,7 +22,7 @@ from rredcot_cli.train import checkpoint
 from rredcot_cli.stages import train
 from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Small enough for seconds per step on one CPU thread, with a non-zero policy gradient at every
 # step (so weights, optimizer moments and the minibatch order all shape the later steps).
 TINY = [

@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 from rredcot_cli.train.distributed import DataParallel, split_evenly
 from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO / "rredcot_cli" / "assets" / "tiny-chain"
 # Tolerances of the world-size-2 CLI runs against world size 1: the samples are the same (same
 # per-chunk seeds), each minibatch's gradient is summed over ranks in another order than over

@@ -14,7 +14,7 @@ from rredcot_cli.store import artifacts
 from rredcot_cli.train.loop import training_samples
 from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fake_draw(rewards_of, calls):

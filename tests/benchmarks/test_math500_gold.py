@@ -14,7 +14,7 @@ import pytest
 
 from rredcot_cli.benchmarks.verify import _boxed_span, math_equal
 
-DATA = Path(__file__).resolve().parents[1] / "rredcot_cli" / "data" / "math500" / "test.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "rredcot_cli" / "data" / "math500" / "test.jsonl"
 TIMEOUT_S = 10.0
 
 

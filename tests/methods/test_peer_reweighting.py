@@ -9,7 +9,6 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import torch
-from batches import tiny_chain_credit_batch
 
 from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
@@ -19,7 +18,7 @@ from rredcot_cli.methods.cort import cort_weights, remove_block
 from rredcot_cli.methods.cscr import cscr_weights
 from rredcot_cli.methods.sc_grpo import sc_grpo_weights, token_kl
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL = torch.ones(1, 3, dtype=torch.bool)
 
 
@@ -161,17 +160,10 @@ def test_remove_block_takes_the_first_listed_block_once():
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    """The embedded policy and a credit batch over one chain problem: two gold completions and
-    two that miscompute step 1 (then carry on consistently), segmented by newline."""
-    return tiny_chain_credit_batch()
-
-
-def run_method(tiny, name, **overrides):
+def run_method(tiny_chain, name, **overrides):
     from rredcot_cli.pipeline import attribute, credit_rows
 
-    policy, samples, make_batch = tiny
+    policy, samples, make_batch = tiny_chain
     batch = make_batch()
     params = {**get_method(name).params().__dict__, **overrides}
     credit = attribute(get_method(name), batch, params, {"policy": policy})
@@ -194,43 +186,43 @@ def check_reweighting(batch, credit):
     assert weights.std() > 0.01, "the model's scores should move the weights away from 1"
 
 
-def test_cscr_on_tiny_model(tiny):
-    batch, credit = run_method(tiny, "cscr")
+def test_cscr_on_tiny_model(tiny_chain):
+    batch, credit = run_method(tiny_chain, "cscr")
     check_reweighting(batch, credit)
     fraction = batch.extras["value_stats"]["cscr_same_sign_fraction"]
     assert 0.0 <= fraction <= 1.0
     # The answer-hint variant takes its wrong answer from the failed completions of the group.
-    batch, credit = run_method(tiny, "cscr", condition="answer_hint")
+    batch, credit = run_method(tiny_chain, "cscr", condition="answer_hint")
     check_reweighting(batch, credit)
 
 
-def test_sc_grpo_on_tiny_model(tiny):
-    batch, credit = run_method(tiny, "sc_grpo")
+def test_sc_grpo_on_tiny_model(tiny_chain):
+    batch, credit = run_method(tiny_chain, "sc_grpo")
     check_reweighting(batch, credit)
     # Each gold completion is conditioned on the other (identical) one: the teacher has seen
     # every token, so the conditioned distribution moves and the weights are not flat.
     gold_row = credit.token_advantages[0, batch.token_mask[0]]
     assert gold_row.std() > 0
-    top = run_method(tiny, "sc_grpo", top_k=8, kl_dir="fwd", batch_size=1, kl_chunk=5)[1]
+    top = run_method(tiny_chain, "sc_grpo", top_k=8, kl_dir="fwd", batch_size=1, kl_chunk=5)[1]
     assert torch.all(top.token_advantages[~batch.token_mask] == 0)
 
 
-def test_cort_on_tiny_model(tiny):
-    batch, credit = run_method(tiny, "cort")
+def test_cort_on_tiny_model(tiny_chain):
+    batch, credit = run_method(tiny_chain, "cort")
     check_reweighting(batch, credit)
     # Without a block to remove, CoRT refuses, or (skip) gives exactly the GRPO advantage.
     with pytest.raises(ValueError, match="none of method.blocks"):
-        run_method(tiny, "cort", blocks=["no such instruction"])
-    _, skipped = run_method(tiny, "cort", blocks=["no such instruction"], missing_block="skip")
+        run_method(tiny_chain, "cort", blocks=["no such instruction"])
+    _, skipped = run_method(tiny_chain, "cort", blocks=["no such instruction"], missing_block="skip")
     grpo = get_method("grpo").fn(batch, scale_by_std=True, eps=1e-6)
     assert torch.equal(skipped.token_advantages, grpo.token_advantages)
 
 
-def test_uniform_groups_are_not_scored(tiny):
+def test_uniform_groups_are_not_scored(tiny_chain):
     """All-correct groups have advantage 0: nothing is rescored (no forward tokens counted)."""
     from rredcot_cli.pipeline import attribute
 
-    policy, _, make_batch = tiny
+    policy, _, make_batch = tiny_chain
     batch = make_batch()
     batch.rewards = torch.ones_like(batch.rewards)
     for name in ("cscr", "sc_grpo", "cort"):

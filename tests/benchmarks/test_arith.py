@@ -9,7 +9,7 @@ from rredcot_cli.benchmarks.base import grade_completion
 from rredcot_cli.config.compose import compose
 from rredcot_cli.stages.common import make_benchmark
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _generator():

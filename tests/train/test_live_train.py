@@ -17,7 +17,7 @@ import pytest
 from rredcot_cli.store import artifacts
 from rredcot_cli.errors import ArtifactError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 STEPS = 4
 TINY = [

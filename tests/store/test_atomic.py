@@ -13,7 +13,7 @@ from rredcot_cli.store import runs
 from rredcot_cli.store.artifacts import read_artifact, write_artifact
 from rredcot_cli.store.runs import atomic_path, find_input, remove_stale_temporaries
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROW = {
     "prompt_id": "p0", "sample_idx": 0, "prompt": "1+1", "prompt_token_ids": [1, 2], "completion": "=2",
     "completion_token_ids": [3, 4], "completion_logprobs": [-0.1, -0.2], "reward": 1.0, "scorable": True,

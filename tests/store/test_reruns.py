@@ -1,6 +1,6 @@
 """Reruns across stages: inputs must be the finished, unchanged outputs of their producing stage,
 made from each other and under the same model/benchmark; otherwise the stage refuses and the
-message names both sides. (Skip / refuse / tag / overwrite of one stage: tests/test_runs.py.)"""
+message names both sides. (Skip / refuse / tag / overwrite of one stage: tests/store/test_runs.py.)"""
 
 import json
 

@@ -15,7 +15,7 @@ from rredcot_cli import methods
 from rredcot_cli.config.compose import CONF_DIR, ConfigError, compose, config_hash, default_options, group_options
 from rredcot_cli.methods import MethodSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_spec(name: str, params: type) -> MethodSpec:

@@ -19,7 +19,7 @@ from rredcot_cli.policy.models import build_char_tokenizer
 from rredcot_cli.policy.load import Policy
 from rredcot_cli.pipeline import evaluate, sample_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GOLD = "12"
 
 # Completions a small instruct model writes (SmolLM2-135M-Instruct on GSM8K), where the number
@@ -171,7 +171,7 @@ def test_eval_files_without_finish_reason_stay_readable(tmp_path):
     pq.write_table(old, tmp_path / "eval.parquet")
     table = artifacts.read_artifact("eval", tmp_path / "eval.parquet")
     assert table.column("finish_reason").to_pylist() == [None]
-    committed = sorted((REPO / "docs").rglob("eval.parquet"))
-    assert committed, "docs/ holds committed runs"
+    committed = sorted((REPO / "results").rglob("eval.parquet"))
+    assert committed, "results/ holds committed runs"
     for path in committed[:5]:
         assert "finish_reason" in artifacts.read_artifact("eval", path).schema.names

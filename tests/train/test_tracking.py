@@ -2,7 +2,7 @@
 where a user reads them back offline, and a resumed run (same run id) continues the same tracker
 run. TensorBoard is in the test extra; the others are skipped unless installed
 (pip install "rredcot[wandb,trackio,mlflow]"). `rredcot train tracking=[tensorboard]` end to end is
-in tests/test_live_train.py."""
+in tests/train/test_live_train.py."""
 
 import json
 import sqlite3
@@ -89,7 +89,7 @@ def test_trackio_local_store_holds_the_scalars_and_a_resume_continues_the_run(tm
         "from tests.test_tracking import log_run, ROWS;"
         "log_run('trackio', Path(sys.argv[1]), steps=ROWS[:2]); log_run('trackio', Path(sys.argv[1]), steps=ROWS[2:])"
     )  # a fresh interpreter: trackio reads TRACKIO_DIR when it is imported
-    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
     subprocess.run([sys.executable, "-c", script, str(tmp_path), root], check=True, capture_output=True, cwd=tmp_path)
     db = sqlite3.connect(tmp_path / "trackio" / "rredcot.db")
     rows = db.execute("select run_name, step, metrics from metrics order by step").fetchall()

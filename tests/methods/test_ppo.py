@@ -16,7 +16,7 @@ from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.ppo import gae, masked_whiten, ppo, terminal_rewards
 from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_terminal_rewards_sit_on_the_last_completion_token():

@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from batches import batch_from_segments, tiny_chain_credit_batch
+from batches import batch_from_segments
 from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.delta_belief import belief_changes, delta_belief_credit, shape_changes, turnwise_grpo
 from rredcot_cli.methods.ktae import fisher_exact_p, group_key_tokens, information_gain, key_token_values
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAN = float("nan")
 LN2 = math.log(2)
 S3 = 1 / math.sqrt(3)  # (2/3) / sqrt(4/3) and friends below
@@ -206,17 +206,10 @@ def test_ktae_adds_key_token_values_to_the_grpo_advantage():
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    """The embedded policy and a credit batch over one chain problem: two gold completions and
-    two that miscompute step 1 (then carry on consistently), segmented by newline."""
-    return tiny_chain_credit_batch()
-
-
-def run_method(tiny, name, **overrides):
+def run_method(tiny_chain, name, **overrides):
     from rredcot_cli.pipeline import attribute, credit_rows
 
-    policy, samples, make_batch = tiny
+    policy, samples, make_batch = tiny_chain
     batch = make_batch()
     params = {**get_method(name).params().__dict__, **overrides}
     credit = attribute(get_method(name), batch, params, {"policy": policy})
@@ -227,8 +220,8 @@ def run_method(tiny, name, **overrides):
     return batch, credit
 
 
-def test_delta_belief_on_tiny_model(tiny):
-    batch, credit = run_method(tiny, "delta_belief")
+def test_delta_belief_on_tiny_model(tiny_chain):
+    batch, credit = run_method(tiny_chain, "delta_belief")
     K = batch.num_segments
     values = credit.segment_values
     for i in range(len(K)):
@@ -238,31 +231,31 @@ def test_delta_belief_on_tiny_model(tiny):
     assert batch.extras["value_stats"]["forward_tokens"] > 0
     # The wrong completions go wrong at step 2 (segment 1): the trained model's belief in the gold
     # answer falls there, while the gold completions' belief does not.
-    raw = run_method(tiny, "delta_belief", shaping="raw", lam=1.0)[1]
+    raw = run_method(tiny_chain, "delta_belief", shaping="raw", lam=1.0)[1]
     assert raw.segment_credits[1, 1] < raw.segment_credits[0, 1]
     # The same beliefs with the other probe scorer; the verified answer set D contains the gold one.
-    kv = run_method(tiny, "delta_belief", probe_scoring="kv_cache")[1]
+    kv = run_method(tiny_chain, "delta_belief", probe_scoring="kv_cache")[1]
     assert torch.allclose(kv.segment_values, values, atol=1e-4, equal_nan=True)
-    verified = run_method(tiny, "delta_belief", targets="verified")[1]
+    verified = run_method(tiny_chain, "delta_belief", targets="verified")[1]
     inner = ~torch.isnan(values) & (torch.arange(values.shape[1])[None, :] < (K[:, None] - 1))
     assert torch.all(verified.segment_values[inner] >= values[inner] - 1e-6)
     # probe: the answer segment's belief is read from the model too.
-    probed = run_method(tiny, "delta_belief", final_segment="probe", agg="mean")[1]
+    probed = run_method(tiny_chain, "delta_belief", final_segment="probe", agg="mean")[1]
     last = probed.segment_values[torch.arange(len(K)), K - 1]
     assert torch.all((last >= 0) & (last <= 1))
 
 
-def test_delta_belief_reads_the_answer_probe_values_of_rredcot(tiny):
+def test_delta_belief_reads_the_answer_probe_values_of_rredcot(tiny_chain):
     """targets=verified probes RREDCoT's answer set D with utility 1: the beliefs are RREDCoT's
     answer_probe values V(S_k) at the inner boundaries."""
-    batch, mine = run_method(tiny, "delta_belief", targets="verified")
-    _, theirs = run_method(tiny, "rredcot", value="answer_probe")
+    batch, mine = run_method(tiny_chain, "delta_belief", targets="verified")
+    _, theirs = run_method(tiny_chain, "rredcot", value="answer_probe")
     inner = torch.arange(mine.segment_values.shape[1])[None, :] < (batch.num_segments[:, None] - 1)
     assert torch.allclose(mine.segment_values[inner], theirs.segment_values[inner], atol=1e-5)
 
 
-def test_ktae_on_tiny_model(tiny):
-    batch, credit = run_method(tiny, "ktae")
+def test_ktae_on_tiny_model(tiny_chain):
+    batch, credit = run_method(tiny_chain, "ktae")
     grpo = get_method("grpo").fn(batch, scale_by_std=True, eps=1e-6).token_advantages
     mask = batch.token_mask
     kt = (credit.token_advantages - grpo)[mask]
@@ -272,7 +265,7 @@ def test_ktae_on_tiny_model(tiny):
     assert kt.abs().max() <= 1.0 and kt.abs().max() > 0.9
     assert torch.isnan(credit.segment_values).all()
     # Without that term, KT stays strictly inside (-top, top).
-    _, soft = run_method(tiny, "ktae", gamma=0.0, top=0.5)
+    _, soft = run_method(tiny_chain, "ktae", gamma=0.0, top=0.5)
     kt = (soft.token_advantages - grpo)[mask]
     assert 0.01 < kt.abs().max() < 0.5
 

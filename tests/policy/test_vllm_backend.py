@@ -23,7 +23,7 @@ import pytest
 from rredcot_cli.policy.base import SamplingParams
 from rredcot_cli.errors import RredcotError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_importing_the_module_does_not_import_vllm():
@@ -351,7 +351,7 @@ def _rows(prompts, groups):
 
 def _warped_reference(model, prompt, completion, temperature, top_p):
     """log pi(token) under temperature + nucleus filtering, from the HF model (as in
-    tests/test_hf_backend.py::test_logprobs_under_temperature_and_top_p)."""
+    tests/policy/test_hf_backend.py::test_logprobs_under_temperature_and_top_p)."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
