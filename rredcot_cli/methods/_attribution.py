@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from rredcot_cli.methods.base import Credit, CreditBatch
+from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 from rredcot_cli.methods.grpo import grpo_advantage
 
 SCORES = ("logprob", "value")
@@ -114,7 +114,8 @@ def segment_sums(token_values: torch.Tensor, segment_ids: torch.Tensor, num_segm
 
 def _group_standardise(x: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
     """(B, S) with NaN for missing segments -> z-scores over each group's existing entries
-    (std: unbiased, 1 when the group has a single entry); NaN stays NaN."""
+    (std: unbiased, 1 when the group has a single entry; all-equal entries give exactly 0,
+    ``base.pool_mean_std``); NaN stays NaN."""
     z = torch.full_like(x, float("nan"))
     for g in group_ids.unique():
         rows = group_ids == g
@@ -122,8 +123,8 @@ def _group_standardise(x: torch.Tensor, group_ids: torch.Tensor, eps: float) -> 
         present = vals[~torch.isnan(vals)]
         if present.numel() == 0:
             continue
-        mean = present.mean()
-        std = present.std() if present.numel() > 1 else torch.tensor(1.0)
+        mean, std = pool_mean_std(present)
+        std = std if present.numel() > 1 else torch.tensor(1.0)
         z[rows] = (vals - mean) / (std + eps)
     return z
 

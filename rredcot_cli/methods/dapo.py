@@ -26,6 +26,16 @@ DAPO's other three techniques live outside the advantage:
     differs within it, so such groups add no gradient; unlike dynamic sampling they still count in
     the token-mean denominator and are not replaced by informative groups.
 
+Deviations from verl (``recipe/dapo``: the ``grpo`` advantage of the shaped score):
+  - A group of one completion (``sampling.n=1``) gets advantage 0 here: it is uniform, so
+    ``zero_uniform_groups`` zeroes it. verl's ``compute_grpo_outcome_advantage`` gives a group of
+    one mean 0 and std 1, i.e. A = R_i / (1 + eps) (1.0 for a correct completion within the free
+    length; its dynamic sampling keeps groups of one). ``zero_uniform_groups=false`` gives verl's
+    value (``grpo_advantage``'s group of one). DAPO needs groups (G = 16 in the paper), so this
+    only matters for a misconfigured run.
+  - A group whose shaped rewards are all equal gets exactly 0 (``base.group_mean_std``; verl's
+    float32 mean can be a few ulps off and give it an O(1) advantage, issue 30).
+
 Shapes: rewards (B,), group_ids (B,), segment_ids (B, T) -> token advantages (B, T), exactly 0 on
 padding; segment credits (B, S) = A_i on every existing segment; no state values.
 """
@@ -37,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from rredcot_cli.methods import register
-from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage
+from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage, uniform_groups
 from rredcot_cli.methods.grpo import grpo_advantage
 
 
@@ -70,15 +80,6 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, cache_length: int) 
     soft = (expected - lengths) / max(cache_length, 1)
     penalty = torch.where(lengths <= expected, torch.zeros_like(lengths), soft)
     return torch.where(lengths > max_length, torch.full_like(lengths, -1.0), penalty)
-
-
-def uniform_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: True where every completion of the row's group has the same reward."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    lo = torch.full((groups,), float("inf")).scatter_reduce(0, inverse, rewards.float(), "amin")
-    hi = torch.full((groups,), float("-inf")).scatter_reduce(0, inverse, rewards.float(), "amax")
-    return (lo == hi)[inverse]
 
 
 def dapo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, lengths: torch.Tensor, *, signed_reward: bool,

@@ -60,7 +60,7 @@ from typing import Optional
 import torch
 
 from rredcot_cli.methods import register
-from rredcot_cli.methods.base import Credit, CreditBatch
+from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 
 SHAPINGS = ("positive", "raw", "clip", "tanh")
 TARGETS = ("gold", "verified")
@@ -133,7 +133,7 @@ def turnwise_grpo(r: torch.Tensor, group_ids: torch.Tensor, num_segments: torch.
     """(B, S) segment rewards (NaN past K_i) -> (B, S) advantages normalised per group and
     segment index k: (r - mean_k) / (std_k + eps) (unbiased std), NaN past K_i. A completion
     without segment k counts as r = 0 (``missing_segments="zero"``) or is left out (``"skip"``);
-    a group with a single entry at k gets mean 0 and std 1."""
+    a group with a single entry at k gets mean 0 and std 1, an all-equal pool exactly 0."""
     if missing_segments not in MISSING_SEGMENTS:
         raise ValueError(f"unknown missing_segments {missing_segments!r}; valid: {', '.join(MISSING_SEGMENTS)}")
     r = r.to(torch.float64)
@@ -148,7 +148,7 @@ def turnwise_grpo(r: torch.Tensor, group_ids: torch.Tensor, num_segments: torch.
                 continue
             pool = filled[rows, k] if missing_segments == "zero" else filled[rows[present], k]
             if pool.numel() > 1:
-                mean, std = pool.mean(), pool.std()
+                mean, std = pool_mean_std(pool)  # exact for an all-equal pool
             else:
                 mean, std = torch.zeros((), dtype=r.dtype), torch.ones((), dtype=r.dtype)
             centred = filled[rows[present], k] - mean

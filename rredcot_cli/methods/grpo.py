@@ -2,7 +2,14 @@
 
 Every token of completion i gets A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
 The std is the unbiased (Bessel) one and a group of size 1 gets mean 0 and std 1, as in verl's
-``compute_grpo_outcome_advantage``, so results match the most used open implementation.
+``compute_grpo_outcome_advantage``, so results match the most used open implementation, to the
+bit for every group whose rewards are not all equal. Deviation: a group whose rewards are all
+equal gets exactly 0 (``base.group_mean_std`` detects it); verl's float32 mean of such a group is
+a few ulps off when the rewards are not binary or dyadic, and dividing by a std of the same size
+gives it an O(1) advantage (issue 30).
+
+Shapes: rewards (B,), group_ids (B,) -> token advantages (B, T), exactly 0 on padding; segment
+credits (B, S) = A_i on every existing segment; no state values.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rredcot_cli.methods import register
-from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage
+from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage, group_mean_std
 
 
 @dataclass
@@ -28,26 +35,9 @@ GRPO_RANGES = {
 }
 
 
-def group_mean_std(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-completion mean and unbiased std of its group's rewards.
-
-    rewards: (B,) float, group_ids: (B,) int64 -> (mean (B,), std (B,)); groups of one
-    completion get mean 0 and std 1.
-    """
-    rewards = rewards.to(torch.float32)
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(counts.shape[0]).index_add_(0, inverse, rewards)
-    means = sums / counts
-    sq_dev = torch.zeros(counts.shape[0]).index_add_(0, inverse, (rewards - means[inverse]) ** 2)
-    stds = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
-    single = counts == 1
-    means = torch.where(single, torch.zeros_like(means), means)
-    stds = torch.where(single, torch.ones_like(stds), stds)
-    return means[inverse], stds[inverse]
-
-
 def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, scale_by_std: bool, eps: float) -> torch.Tensor:
-    """(B,) rewards -> (B,) group-normalised outcome advantages."""
+    """(B,) rewards, (B,) group ids -> (B,) group-normalised outcome advantages; exactly 0 for
+    every row of a group whose rewards are all equal (and 2+ rows)."""
     mean, std = group_mean_std(rewards, group_ids)
     advantage = rewards.to(torch.float32) - mean
     return advantage / (std + eps) if scale_by_std else advantage

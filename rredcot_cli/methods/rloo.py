@@ -9,6 +9,8 @@ Every token of completion i in a group of k completions gets
 the reward minus the mean reward of the *other* completions: an unbiased baseline (it does not
 depend on y_i) with no std scaling. A group of one completion has no other samples; it keeps its
 raw reward, as verl's ``compute_rloo_outcome_advantage`` does (and as ``grpo`` does here).
+A group whose rewards are all equal gets exactly 0 (verl's float32 sums can leave a few ulps
+there when the rewards are not binary or dyadic; issue 30).
 
 The original paper optimises sequence-level REINFORCE with a KL-shaped reward; as in verl's
 ``rloo`` estimator, this method only supplies the advantage and the shared clipped surrogate
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from rredcot_cli.methods import register
-from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage
+from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_advantage, group_index, uniform_groups
 
 
 @dataclass
@@ -36,12 +38,15 @@ class RLOOParams:
 def rloo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """(B,) rewards, (B,) group ids -> (B,) leave-one-out advantages r_i - mean_{j != i} r_j."""
     rewards = rewards.to(torch.float32)
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    inverse, counts = group_index(group_ids)
     sums = torch.zeros(counts.shape[0]).index_add_(0, inverse, rewards)
     k = counts[inverse].to(torch.float32)
     others_mean = (sums[inverse] - rewards) / (k - 1).clamp(min=1)
+    # An all-equal group's float32 sum can be a few ulps off k r (base.py, group statistics):
+    # its advantage is exactly 0, not those ulps.
+    advantage = torch.where(uniform_groups(rewards, group_ids), torch.zeros_like(rewards), rewards - others_mean)
     # k = 1: no other completion to form a baseline from, so the baseline is 0.
-    return torch.where(k > 1, rewards - others_mean, rewards)
+    return torch.where(k > 1, advantage, rewards)
 
 
 @register("rloo", params=RLOOParams)

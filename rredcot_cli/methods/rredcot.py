@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from rredcot_cli.methods import register
-from rredcot_cli.methods.base import Credit, CreditBatch
+from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 from rredcot_cli.methods.grpo import grpo_advantage
 
 ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
@@ -82,16 +82,18 @@ def segment_rewards(values: torch.Tensor, num_segments: torch.Tensor) -> torch.T
 
 def _group_stats(r: torch.Tensor, group_ids: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and std (+eps) of the existing segment rewards of each completion's group; (B,) each.
-    A group with a single segment reward gets std 1."""
+    A group with a single segment reward gets std 1; all-equal segment rewards get their common
+    value exactly and std 0 + eps (``base.pool_mean_std``)."""
     means = torch.zeros(r.shape[0])
     stds = torch.ones(r.shape[0])
     for g in group_ids.unique():
         rows = group_ids == g
         vals = r[rows][~torch.isnan(r[rows])]
         if vals.numel():
-            means[rows] = vals.mean()
-        if vals.numel() > 1:
-            stds[rows] = vals.std() + eps
+            mean, std = pool_mean_std(vals)
+            means[rows] = mean
+            if vals.numel() > 1:
+                stds[rows] = std + eps
     return means, stds
 
 
