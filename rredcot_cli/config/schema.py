@@ -209,11 +209,17 @@ class TrainConfig:
     # The ratio pi/pi_old is clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low: DAPO's clip-higher).
     clip_low: float = 0.2
     clip_high: float = 0.2  # see clip_low
+    # Dual clip (verl's clip_ratio_c, 3.0 there): for a negative advantage A the per-token loss is
+    # also capped at -clip_ratio_c * A (bounded, no gradient at large ratios); > 1 when on. 0: off.
+    clip_ratio_c: float = 0.0
     # token-mean | seq-mean-token-mean | constant (divide by max_new_tokens, Dr. GRPO)
     loss_agg: str = "token-mean"
     # Weight of the KL penalty to the initial policy (0: no reference model is kept).
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k3
+    # k3 estimate clamped to [-kl_clamp, kl_clamp], its log ratio to [-20, 20] (verl's low_var_kl:
+    # 10). 0: unclamped (Schulman's k3, which keeps its gradient far from the reference).
+    kl_clamp: float = 0.0
     # Every this many steps (and at the last), a held-out eval on benchmark.eval_split; 0: only before and after.
     eval_every: int = 10
     # Problems of the held-out evals (the first of benchmark.eval_split).
@@ -476,6 +482,8 @@ RANGES: Dict[str, str] = {
     "train.clip_low": "[0, 1)",
     "train.clip_high": ">= 0",
     "train.kl_coef": ">= 0",
+    "train.kl_clamp": ">= 0; 0 turns it off",
+    "train.clip_ratio_c": ">= 0; 0 turns it off, otherwise > 1",
     "train.eval_every": ">= 0; 0 evaluates only before and after training",
     "train.eval_problems": ">= 1",
     "train.eval_samples": ">= 1",

@@ -56,8 +56,8 @@ def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
     return UpdateHyper(
         updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size, clip_low=t.clip_low,
         clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=cfg.sampling.max_new_tokens, kl_coef=t.kl_coef,
-        kl_estimator=t.kl_estimator, grad_clip=t.grad_clip, sampler_correction=t.sampler_correction,
-        sampler_cap=t.sampler_correction_cap,
+        kl_estimator=t.kl_estimator, kl_clamp=t.kl_clamp, clip_ratio_c=t.clip_ratio_c, grad_clip=t.grad_clip,
+        sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
         # The sampler's log-probs stand in for the pre-update pass where they are the same numbers.
         old_from_sampler=old_from_sampler(t.old_logprobs, cfg.backend.name, precision, t.sampler_correction,
                                           cfg.backend.kv_cache_dtype))
@@ -121,6 +121,8 @@ def _check_options(t) -> None:
     for key, valid in choices.items():
         if t[key] not in valid:
             raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
+    if 0 < t.clip_ratio_c <= 1:
+        raise TrainingError(f"train.clip_ratio_c={t.clip_ratio_c}: the dual clip needs > 1 (verl: 3.0); 0 turns it off")
     if t.dist_timeout_s <= 0:
         raise TrainingError(f"train.dist_timeout_s={t.dist_timeout_s}: must be > 0 seconds")
     for key in ("micro_batch_size", "logprob_chunk_tokens"):

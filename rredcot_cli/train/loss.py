@@ -9,6 +9,22 @@ a comparison between methods changes one thing at a time.
 ``clip_low``/``clip_high`` give DAPO's clip-higher when they differ (Yu et al., 2025,
 arXiv 2503.14476). KL_t to a frozen reference uses Schulman's k1 (log ratio) or k3
 (exp(-x) + x - 1 with x = logp - ref_logp, unbiased and non-negative) estimator.
+
+Checked against verl's ``verl/trainer/ppo/core_algos.py`` (``compute_policy_loss`` /
+``compute_policy_loss_vanilla``, ``kl_penalty``); where the defaults differ from verl's:
+
+- Dual clip (Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
+  Learning", arXiv 1912.09729; verl's ``clip_ratio_c``, default 3.0 there): for A_t < 0 the loss
+  is also capped at -clip_ratio_c * A_t, so a token whose ratio has grown far above 1 with a
+  negative advantage adds a bounded loss and no gradient. Off here by default
+  (``clip_ratio_c=0``, ``train.clip_ratio_c``): the plain PPO/GRPO clipped surrogate of the papers.
+- k3 clamp: verl's ``low_var_kl`` clamps the k3 value to [-10, 10] (and, in recent versions, the
+  log ratio to [-20, 20] before the exp); ``kl_clamp=c > 0`` (``train.kl_clamp=10`` for verl) does
+  both, with c in place of 10. Off by default (``kl_clamp=0``): unclamped k3 is Schulman's
+  estimator and keeps its gradient far from the reference (log p = -15 against a reference at 0
+  gives k3 = 3.3e6 and a large pull back; clamped, 10 and no gradient).
+- verl also clamps the PPO log ratio logp - old_logp to [-20, 20] before the exp; this loss does
+  not (a ratio beyond e^20 is clipped for A > 0 and, with A < 0, is what the dual clip bounds).
 """
 
 from __future__ import annotations
@@ -30,12 +46,21 @@ class LossStats:
     kl_ref: float  # mean KL estimate to the reference (0 without one)
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(pi || pi_ref) estimate on sampled tokens; (B, T) -> (B, T)."""
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str,
+                clamp: float = 0.0) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate on sampled tokens; (B, T) -> (B, T).
+
+    ``clamp`` > 0 (k3 only) computes verl's ``low_var_kl``: x = ref_logp - logp clamped to
+    [-20, 20], k3 = exp(x) - x - 1 clamped to [-clamp, clamp] (verl: 10); 0 leaves k3 unclamped."""
+    if clamp < 0:
+        raise ValueError(f"kl clamp must be >= 0 (0 turns it off), got {clamp}")
     log_ratio = logprobs - ref_logprobs
     if estimator == "k1":
         return log_ratio
     if estimator == "k3":
+        if clamp > 0:
+            x = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+            return (torch.exp(x) - x - 1.0).clamp(-clamp, clamp)
         return torch.exp(-log_ratio) + log_ratio - 1.0
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
@@ -122,10 +147,16 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    kl_clamp: float = 0.0,
+    clip_ratio_c: float = 0.0,
     sampler_weights: torch.Tensor | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped surrogate loss. All tensors are (B, T); ``mask`` is True on completion tokens.
+
+    ``clip_ratio_c`` > 1 turns on the dual clip (module docstring): where A_t < 0 the per-token
+    loss is min(-clip_ratio_c * A_t, max(-ratio_t A_t, -clip(ratio_t) A_t)); 0 turns it off.
+    ``kl_clamp`` clamps the k3 estimate (``kl_estimate``); 0 turns it off.
 
     Gradients flow through ``logprobs`` only; old/ref log-probs and advantages are constants.
     ``sampler_weights`` (``sampler_correction_weights``) multiply the policy-gradient term of
@@ -139,12 +170,17 @@ def policy_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
+    if clip_ratio_c:
+        if not clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual clip) or 0 (off), got {clip_ratio_c}")
+        dual = torch.minimum(per_token, -advantages * clip_ratio_c)
+        per_token = torch.where(advantages < 0, dual, per_token)
     if sampler_weights is not None:
         per_token = per_token * sampler_weights.detach()
 
     kl_ref = torch.zeros((), dtype=logprobs.dtype)
     if ref_logprobs is not None and kl_coef != 0.0:
-        kl = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)
+        kl = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator, kl_clamp)
         per_token = per_token + kl_coef * kl
         kl_ref = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
 

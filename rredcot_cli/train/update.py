@@ -210,9 +210,11 @@ class UpdateHyper:
     ``updates_per_batch`` passes over the batch in minibatches of ``minibatch_size`` rows; the
     clipped ratio ``[1 - clip_low, 1 + clip_high]``; ``loss_agg`` and ``max_tokens`` (the
     normaliser, ``loss.loss_normalizer``); ``kl_coef`` x the ``kl_estimator`` (k1/k3) KL to the
-    reference; ``grad_clip`` on the global gradient norm; ``sampler_correction`` (capped at
-    ``sampler_cap``) on the policy-gradient term; ``old_from_sampler``: take the sampler's
-    log-probs as the old ones instead of the pre-update pass (``old_from_sampler()``)."""
+    reference, k3 clamped to ``[-kl_clamp, kl_clamp]`` (0: off); the dual clip ``clip_ratio_c``
+    for negative advantages (0: off; ``loss.policy_loss``); ``grad_clip`` on the global gradient
+    norm; ``sampler_correction`` (capped at ``sampler_cap``) on the policy-gradient term;
+    ``old_from_sampler``: take the sampler's log-probs as the old ones instead of the pre-update
+    pass (``old_from_sampler()``)."""
 
     updates_per_batch: int
     minibatch_size: int
@@ -222,6 +224,8 @@ class UpdateHyper:
     max_tokens: int
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_clamp: float = 0.0
+    clip_ratio_c: float = 0.0
     grad_clip: float = 1.0
     sampler_correction: str = "none"
     sampler_cap: float = 2.0
@@ -327,6 +331,7 @@ def policy_update(
                 model, forward, stepper, parallel, idx, rows, *ids, old_logprobs, batch.advantages, ref_logprobs,
                 weights, normalizer, clip_low=hyper.clip_low, clip_high=hyper.clip_high, loss_agg=hyper.loss_agg,
                 max_tokens=hyper.max_tokens, kl_coef=hyper.kl_coef, kl_estimator=hyper.kl_estimator,
+                kl_clamp=hyper.kl_clamp, clip_ratio_c=hyper.clip_ratio_c,
                 entropy_sums=entropy_sums if entropies is None and epoch == 0 else None)
             if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)

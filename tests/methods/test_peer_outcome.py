@@ -117,6 +117,22 @@ def test_dapo_unsigned_reward_changes_the_penalty_scale():
     assert torch.allclose(plain, grpo, atol=1e-6)
 
 
+def test_dapo_group_of_one_is_zero_here_and_verls_value_without_uniform_zeroing():
+    """Documented deviation (dapo.py): a group of one completion (sampling.n=1) is uniform, so
+    the default zeroes it; verl gives a group of one mean 0 and std 1, A = R / (1 + eps)."""
+    # Lengths 5 (free) and 7 (1 token into the L_cache=4 zone of L_max=10: R_len = -1/4).
+    lengths = [5, 7, 5]
+    batch = make_batch([1, 1, 0], [0, 1, 2], lengths)
+    credit = get_method("dapo").fn(batch, **DAPO_KW)
+    assert_rows(credit.token_advantages, [0.0, 0.0, 0.0], lengths)
+    verl = dapo_advantage(batch.rewards, batch.group_ids, torch.tensor(lengths),
+                          **{**DAPO_KW, "zero_uniform_groups": False, "eps": 1e-6})
+    eps = 1e-6  # verl's epsilon
+    expected = torch.tensor([1 / (1 + eps), 0.75 / (1 + eps), -1 / (1 + eps)])
+    assert torch.allclose(verl, expected, rtol=0, atol=1e-7)
+    assert verl[0].item() == pytest.approx(1.0, abs=2e-6)  # verl's 1.0 (up to eps)
+
+
 # ------------------------------------------------------------------------------------------
 # Presets and a short training run
 # ------------------------------------------------------------------------------------------

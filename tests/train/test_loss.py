@@ -123,3 +123,89 @@ def test_sampler_weights_scale_the_policy_gradient_term_only():
                           ref_logprobs=ref, kl_coef=0.1, kl_estimator="k1", sampler_weights=weights)
     # ratio 1: pg term -A_t * w_t, KL (k1) = new - ref = 0.5 unweighted
     assert float(loss.detach()) == pytest.approx((-(1.0 * 2.0) + (2.0 * 0.5) + 2 * 0.1 * 0.5) / 2, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# Against verl (issue 30): the k3 clamp and the dual clip, options that are off by default
+# ------------------------------------------------------------------------------------------
+
+
+def test_k3_unclamped_by_default_and_verls_clamp_as_an_option():
+    # log p = -15 against a reference at 0: k3 = e^15 - 15 - 1 (the issue's 3.3e6).
+    logp = torch.tensor([-15.0, -1.0, 0.0], requires_grad=True)
+    ref = torch.tensor([0.0, 0.0, -30.0])
+    default = kl_estimate(logp, ref, "k3")
+    log_ratio = logp.detach() - ref
+    assert torch.equal(default.detach(), torch.exp(-log_ratio) + log_ratio - 1.0)  # unchanged formula
+    assert default[0].item() == pytest.approx(math.exp(15) - 16, rel=1e-6)
+    clamped = kl_estimate(logp, ref, "k3", clamp=10.0)
+    # Row 1: x = 1, e - 2 inside the clamp; row 2: x = -30 -> -20 -> e^-20 + 19 -> 10.
+    assert clamped.tolist() == pytest.approx([10.0, math.e - 2, 10.0], abs=1e-6)
+    clamped.sum().backward()
+    # d k3 / d logp = 1 - e^x: 0 where clamped, 1 - e inside.
+    assert logp.grad.tolist() == pytest.approx([0.0, 1 - math.e, 0.0], abs=1e-6)
+    assert torch.equal(kl_estimate(logp, ref, "k1", clamp=10.0), logp - ref)  # k1 is never clamped
+    with pytest.raises(ValueError, match=">= 0"):
+        kl_estimate(logp, ref, "k3", clamp=-1.0)
+
+
+def test_k3_clamp_reaches_the_loss():
+    logp, ref = torch.tensor([[-15.0, -1.0]]), torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kwargs = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", ref_logprobs=ref, kl_coef=0.1)
+    loss, stats = policy_loss(logp, logp, torch.zeros(1, 2), mask, kl_clamp=10.0, **kwargs)
+    assert float(loss) == pytest.approx(0.1 * (10 + math.e - 2) / 2, abs=1e-6)
+    assert stats.kl_ref == pytest.approx((10 + math.e - 2) / 2, abs=1e-6)
+    unclamped, _ = policy_loss(logp, logp, torch.zeros(1, 2), mask, **kwargs)
+    assert float(unclamped) == pytest.approx(0.1 * (math.exp(15) - 16 + math.e - 2) / 2, rel=1e-6)
+
+
+def test_dual_clip_by_hand():
+    old = torch.zeros(1, 4)
+    # ratio 4, A < 0: PPO's loss 4 is capped at c = 3; ratio 2, A < 0: 2 < 3 stays; A > 0 and
+    # ratio 0.5 (A < 0, clipped to 0.8) are untouched.
+    new = torch.log(torch.tensor([[4.0, 2.0, 4.0, 0.5]])).requires_grad_()
+    adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    kw = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    plain, _ = policy_loss(new, old, adv, mask, **kw)
+    assert float(plain.detach()) == pytest.approx((4 + 2 - 1.2 + 0.8) / 4, abs=1e-6)
+    dual, _ = policy_loss(new, old, adv, mask, clip_ratio_c=3.0, **kw)
+    assert float(dual.detach()) == pytest.approx((3 + 2 - 1.2 + 0.8) / 4, abs=1e-6)
+    dual.backward()
+    # The capped token has no gradient; the ratio-2 token keeps d(-r A)/dlogp = r = 2, over 4 tokens.
+    assert new.grad[0].tolist() == pytest.approx([0.0, 0.5, 0.0, 0.0], abs=1e-6)
+    off, _ = policy_loss(new, old, adv, mask, clip_ratio_c=0.0, **kw)
+    assert torch.equal(off, plain)
+    with pytest.raises(ValueError, match="> 1"):
+        policy_loss(new, old, adv, mask, clip_ratio_c=1.0, **kw)
+
+
+def test_dual_clip_equals_verls_formula_on_random_tokens():
+    """verl's compute_policy_loss (core_algos.py), written out: pg1 = -A r, pg2 = -A clip(r),
+    l1 = max(pg1, pg2), l2 = min(-A c, l1), loss = l2 where A < 0 else l1 (token-mean)."""
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(4, 9, generator=gen)
+    new = old + 2 * torch.randn(4, 9, generator=gen)  # ratios from e^-6 to e^6
+    adv = torch.randn(4, 9, generator=gen)
+    mask = torch.rand(4, 9, generator=gen) > 0.2
+    r = torch.exp(new - old)
+    pg1, pg2 = -adv * r, -adv * torch.clamp(r, 0.8, 1.28)
+    l1 = torch.maximum(pg1, pg2)
+    per_token = torch.where(adv < 0, torch.minimum(-adv * 3.0, l1), l1)
+    expected = (per_token * mask).sum() / mask.sum()
+    loss, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg="token-mean", clip_ratio_c=3.0)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_new_loss_options_default_off_and_are_checked():
+    from rredcot_cli.config.compose import ConfigError, compose
+    from rredcot_cli.stages.train import update_hyper
+
+    cfg = compose([])
+    assert (cfg.train.kl_clamp, cfg.train.clip_ratio_c) == (0.0, 0.0)
+    hyper = update_hyper(compose(["train.kl_clamp=10", "train.clip_ratio_c=3"]), "fp32")
+    assert (hyper.kl_clamp, hyper.clip_ratio_c) == (10.0, 3.0)
+    for bad in ("train.kl_clamp=-1", "train.clip_ratio_c=-1"):
+        with pytest.raises(ConfigError, match=">= 0"):
+            compose([bad])
