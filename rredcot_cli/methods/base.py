@@ -53,18 +53,19 @@ class Credit:
 # Group statistics shared by every method that centres or normalises within a group
 # ------------------------------------------------------------------------------------------
 #
-# Exactness for all-equal groups: the float32 mean of n copies of x is x only when the running sum
-# of the copies is exact (binary and dyadic rewards); otherwise it is a few ulps off x (sixteen
+# Exactness for all-equal groups: the float32 mean of n copies of x is x when the running sum of
+# the copies is exact (binary and dyadic rewards); otherwise it can be a few ulps off x (sixteen
 # copies of 0.9536147117614746, summed in order, give a mean 4 ulps above x), the centred rewards
-# are a few ulps instead of 0 and the std is of the same size, so GRPO's quotient (r - mean) / (std + eps) is O(1) (-0.191
-# there, up to 0.64 for rewards up to 10) and RLOO's baseline leaves a few ulps. verl's
-# ``compute_grpo_outcome_advantage`` and TRL compute the same float32 statistics and share this.
-# Here such a group is detected exactly (max == min, two scatter reductions) and gets its common
-# value as mean and std 0, so its centred rewards are exactly 0 whatever the dtype or group size.
-# Float64 statistics were the alternative: exact for all-equal float32 groups, but they would
-# change the last bit of every other group's advantage (against the float32 field and this
-# project's recorded runs), and are not exact for all-equal float64 pools (delta_belief's).
-# Non-uniform groups keep the float32 formula bit for bit (tests/test_group_stats.py).
+# are a few ulps instead of 0 and the std is of the same size, so GRPO's (r - mean) / (std + eps)
+# is O(1) (-0.191 there, up to 0.64 for rewards up to 10) and RLOO's baseline leaves a few ulps.
+# verl's ``compute_grpo_outcome_advantage`` and TRL take float32 means and stds too and share the
+# defect. Here such a group is detected exactly (max == min: two scatter reductions, cheap) and
+# gets its common value as mean and std 0, so its centred rewards are exactly 0 whatever the
+# dtype or group size. Float64 statistics were the alternative: exact for all-equal float32
+# groups, but they can change the last bit of other groups' advantages (against the float32
+# field and this project's recorded runs) and are not exact for all-equal float64 pools
+# (delta_belief's). Every non-uniform group keeps the float32 formula bit for bit
+# (tests/methods/test_group_stats.py).
 
 
 def group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

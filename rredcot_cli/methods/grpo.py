@@ -2,8 +2,8 @@
 
 Every token of completion i gets A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
 The std is the unbiased (Bessel) one and a group of size 1 gets mean 0 and std 1, as in verl's
-``compute_grpo_outcome_advantage``, so results match the most used open implementation, to the
-bit for every group whose rewards are not all equal. Deviation: a group whose rewards are all
+``compute_grpo_outcome_advantage``, so results match the most used open implementation (to
+float32 rounding) for every group whose rewards are not all equal. Deviation: a group whose rewards are all
 equal gets exactly 0 (``base.group_mean_std`` detects it); verl's float32 mean of such a group is
 a few ulps off when the rewards are not binary or dyadic, and dividing by a std of the same size
 gives it an O(1) advantage (issue 30).
