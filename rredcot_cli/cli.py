@@ -10,7 +10,9 @@ Each command composes the config (``rredcot_cli.config.compose.compose``), then 
 is an ``OSError`` that names a file (disk full, no permission). Model and data paths and empty
 inputs are checked before the stage makes its folder (``rredcot_cli.preflight``); a stage that
 fails before writing any output leaves no folder behind.
-Importing this module is cheap: no torch, transformers, Hydra or pyarrow.
+Importing this module is cheap: no torch, transformers, Hydra or pyarrow, so ``rredcot --help``
+answers at once; that is why OmegaConf, rich's printing, the preflight and each stage are imported
+inside the function that needs them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Iterator, List, Optional
 
 import typer
+from typer import core
 from typer.core import TyperCommand
 
 from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
@@ -120,8 +123,6 @@ class StageCommand(TyperCommand):
 
     def format_help(self, ctx, formatter):  # noqa: ANN001 - click's signature
         if not self.epilog:
-            from typer import core
-
             with _one_line_errors():
                 self.epilog = groups_help(plain=not core.HAS_RICH or self.rich_markup_mode is None)
         return super().format_help(ctx, formatter)

@@ -13,11 +13,12 @@ only file names and Parquet footers, never a model or a whole table.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rredcot_cli.config.compose import ConfigError
-from rredcot_cli.errors import ArtifactError
+from rredcot_cli.errors import ArtifactError, RredcotError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -113,7 +114,6 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
     if is_gguf(path):
         if not Path(path).expanduser().is_file():
             raise ConfigError(f"{key}={path}: no such GGUF file; {MODEL_FIX}")
-        import importlib.util
 
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:
@@ -184,7 +184,6 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
     """The benchmark can be built (a known name; no path for a generated one) and, for a local
     ``benchmark.path``, the file exists and is not empty, or the folder holds every split's file."""
     from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS
-    from rredcot_cli.errors import RredcotError
     from rredcot_cli.stages.common import make_benchmark
 
     make_benchmark(cfg)  # unknown names, a path for a generated benchmark: one line each

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
+from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
 from rredcot_cli.errors import RredcotError, one_line
 
 EXTRACTORS = ("boxed", "last_number", "regex", "none")
@@ -148,8 +149,6 @@ class JSONLBenchmark:
         """The answer by ``extractor`` (module docstring); ``truncated``: the completion hit the
         token budget (``last_number`` then needs a final-answer marker)."""
         if self.extractor == "boxed":
-            from rredcot_cli.benchmarks.verify import extract_boxed
-
             return extract_boxed(completion)
         if self.extractor == "last_number":
             if truncated and not self.truncated_last_number:
@@ -189,7 +188,6 @@ class JSONLBenchmark:
             if g is None:
                 return None  # a gold that is not a number: unscorable, not wrong
             return float(a is not None and abs(a - g) <= self.tolerance * max(1.0, abs(g)))
-        from rredcot_cli.benchmarks.verify import math_equal
 
         result = math_equal(gold, "\\boxed{" + answer + "}", timeout_s=self.verify_timeout_s)
         return None if result is None else float(result)

@@ -34,9 +34,12 @@ no parsable answer gives ``False``.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import os
 import re
 import signal
+import sys
 import threading
 from typing import Any, Callable
 
@@ -248,10 +251,7 @@ class _Worker:
     """
 
     def __init__(self) -> None:
-        import json
-        import os
         import subprocess
-        import sys
         from multiprocessing.connection import Connection
 
         req_r, req_w = os.pipe()

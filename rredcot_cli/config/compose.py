@@ -15,7 +15,9 @@ Overrides follow Hydra: ``group=option``, ``key=value``, ``+key=value`` (add), `
 (also accepted as ``+experiment=NAME``). ``method.<param>=value`` may set any parameter the
 chosen method declares, whether or not its YAML lists it.
 
-Nothing here imports Hydra, OmegaConf or torch at import time.
+Nothing here imports Hydra, OmegaConf, yaml, the schema, the registries or torch at import time:
+the CLI imports this module to list the config groups in ``rredcot --help``, so they are imported
+inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib.util
 import math
 import os
 import re
@@ -43,8 +46,6 @@ def _packaged_conf_dir() -> Path:
     ``rredcot_cli.conf`` (pyproject's package-dir), so a wheel and an editable install both find
     it; a source checkout used without installing (``PYTHONPATH=.``) falls back to ``../conf``.
     Only the import machinery is asked (``find_spec``): ``conf/__init__.py`` is not run."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec(CONF_MODULE)
     except ModuleNotFoundError:

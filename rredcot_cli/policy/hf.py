@@ -5,6 +5,9 @@ Runs on CPU (the embedded model) or on one GPU.
 
 from __future__ import annotations
 
+import inspect
+from contextlib import nullcontext
+
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -200,9 +203,6 @@ class HFBackend:
         the decode steps read its keys and values once per step (``shared_prompt.py``; same
         numbers up to rounding). Returns per row the generated tokens (EOS included) and their
         log-probs."""
-        import inspect
-        from contextlib import nullcontext
-
         model, sampling = self.model, params.temperature > 0
         last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         B, width = input_ids.shape

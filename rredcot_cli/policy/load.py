@@ -78,8 +78,6 @@ def load_policy(
     if backend == "hf":
         from rredcot_cli.policy.hf import HFBackend
 
-        import torch
-
         kv_dtype = None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
         engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device, kv_dtype=kv_dtype)
     else:

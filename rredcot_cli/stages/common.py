@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
@@ -79,8 +80,6 @@ def warn_if_untrained_critic(cfg: DictConfig, spec: Any) -> None:
 def make_critic(cfg: DictConfig, policy: Any):
     """A ``ValueCritic`` on a copy of the policy's body, from ``critic.init``: "policy" (zero value
     head) or a critic.pt written by ``rredcot train``."""
-    from pathlib import Path
-
     from rredcot_cli.train.critic import ValueCritic
     from rredcot_cli.config.compose import ConfigError
 

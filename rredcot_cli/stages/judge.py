@@ -21,16 +21,21 @@ parameter named ``seed`` or ``*_seed`` set to that seed too. Same seed, same tab
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file
+from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file, config_hash
 from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.stages.common import (
     console,
@@ -69,8 +74,6 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
     none for a plugin method without one), then ``changes`` (``judge.params.<name>``). A key the
     method does not declare, or a value of the wrong type, raises ``ConfigError`` naming
     ``judge.params.<name>.<key>``."""
-    from omegaconf.errors import OmegaConfBaseException
-
     from rredcot_cli.methods import get_method
 
     spec = get_method(name)
@@ -243,10 +246,6 @@ def reference_cache_path(cfg: DictConfig, inputs: dict[str, Path]) -> Path:
     the key covering what the continuations depend on (seed, model, sampling settings,
     ``judge.reference_k``, and the samples and segments files). Any judge run on the same traces
     (other methods, tags, batch splits) then reuses it instead of sampling it again."""
-    import hashlib
-
-    from rredcot_cli.config.compose import config_hash
-
     digest = hashlib.sha256(config_hash(cfg, ["seed", "model", "sampling"]).encode())
     # The definition's version: a reference kept before a change of what it estimates is not reused
     # (2: continuations get the completion budget left after their prefix, values/mc.py mc_rewards).
@@ -279,8 +278,6 @@ def write_reference(path: Path, values: dict[tuple[str, int], list[float]], stat
 def reference_rows(values: dict[tuple[str, int], list[float]], samples: list[dict], num_segments, path: Path):
     """(B, S+1) reference of one batch from a kept reference, NaN past each K_i (as
     ``mc_reference_values`` returns it)."""
-    import torch
-
     counts = num_segments.tolist()
     out = torch.full((len(samples), max(counts, default=0) + 1), float("nan"))
     for row, (sample, count) in enumerate(zip(samples, counts)):
@@ -355,9 +352,6 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 def print_table(rows: list[dict], reference: dict, sample_stage: dict, completions: int, segments: int,
                 reruns: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
                   show_header=True, header_style="bold")
     for column in ["method", "value ρ / r", "value ρ inner", "credit ρ / r", "first error (chance)", "adv std",
@@ -410,9 +404,6 @@ def batch_summary(rows: list[dict]) -> dict[str, dict[str, tuple[float, float, f
 
 
 def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"rredcot judge · {completions} completions in {batches} batches, {reruns} reruns; "
                         "mean ± 95% interval over batches", show_header=True, header_style="bold")
     table.add_column("method")

@@ -4,8 +4,11 @@ solutions. With its defaults it reproduces the checkpoint shipped in rredcot_cli
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
+from rredcot_cli.errors import RredcotError
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import runs
 from rredcot_cli.stages.common import console
@@ -22,7 +25,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     f = cfg.sft
 
     from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.errors import RredcotError
     from rredcot_cli.train.sft import train_sft
 
     # SFT data uses shorter chains than RL (sft.min_steps/max_steps) to leave room for RL.
@@ -54,9 +56,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 def _init_path(init: str | None) -> str | None:
     """``sft.init`` as a folder: a path, or the name of a model shipped in rredcot_cli/assets."""
-    from pathlib import Path
-
-    from rredcot_cli.errors import RredcotError
     from rredcot_cli.policy.models import shipped_model_dir
 
     if not init:

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rredcot_cli import __version__
 # The stages write through runs.atomic_*: re-exported from the module that holds them.
 from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_write_bytes,  # noqa: F401
                                 atomic_write_text, remove_stale_temporaries)
@@ -111,7 +112,6 @@ def _versions() -> dict[str, str | None]:
                 versions["vllm"] = f"{found} ({distribution})"
                 break
     if versions["rredcot"] is None:  # running from a source checkout that is not pip-installed
-        from rredcot_cli import __version__
 
         versions["rredcot"] = __version__
     return versions

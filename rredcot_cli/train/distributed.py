@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
 PARALLEL_MODES = ("ddp", "fsdp2")
 
@@ -131,7 +134,6 @@ class DataParallel:
     def all_gather_object(self, obj: Any) -> list:
         if not self.distributed:
             return [obj]
-        import torch.distributed as dist
 
         out: list = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self._group)
@@ -156,7 +158,6 @@ class DataParallel:
         """Element-wise sum over ranks."""
         if not self.distributed:
             return list(values)
-        import torch.distributed as dist
 
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, group=self._group)
@@ -166,7 +167,6 @@ class DataParallel:
         """``fn()`` on rank 0, its result (or the exception it raised) handed to every rank."""
         if not self.distributed:
             return fn()
-        import torch.distributed as dist
 
         box: list = [None]
         if self.is_main:
@@ -182,8 +182,6 @@ class DataParallel:
 
     def barrier(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
-
             dist.barrier(group=self._group)
 
     # -- the trained module --------------------------------------------------------------
@@ -199,15 +197,12 @@ class DataParallel:
 
     def _wrap(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
         if self.mode == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
             device_ids = [self.local_rank] if next(model.parameters()).is_cuda else None
             # No buffer broadcast: rotary tables are the same everywhere, and a per-forward
             # collective would tie the no-grad passes of the ranks together.
             trained = DistributedDataParallel(CompletionLogprobs(model), device_ids=device_ids,
                                               broadcast_buffers=False)
             return trained, model
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         plain = copy.deepcopy(model)
@@ -273,8 +268,6 @@ class DataParallel:
 
     def close(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
-
             if dist.is_initialized():
                 dist.destroy_process_group()
 
@@ -289,7 +282,6 @@ def init(mode: str, timeout_s: float) -> DataParallel:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return DataParallel(mode=mode)
-    import torch.distributed as dist
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()

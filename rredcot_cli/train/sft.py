@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.policy.model_files import save_tokenizer
@@ -223,8 +224,6 @@ def train_sft(
 
 def _initial_model(path: str | Path, tokenizer) -> torch.nn.Module:
     """The float32 model in ``path`` to continue from; ValueError unless it uses ``tokenizer``'s vocabulary."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     if model.config.vocab_size != len(tokenizer):
         raise ValueError(f"sft.init={path}: its vocabulary has {model.config.vocab_size} tokens, the character "
