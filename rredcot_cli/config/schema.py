@@ -257,11 +257,22 @@ class TrainConfig:
     # Completion positions per chunk of LM head + log-softmax, so full-vocabulary fp32 logits are
     # never held for a whole micro-batch; 0: one pass. Not hashed.
     logprob_chunk_tokens: int = 1024
-    # Importance weights for the mismatch between the sampler's recorded log-probs and the
-    # trainer's (vLLM kernels, precision): none | token_truncate | token_mask | sequence_truncate |
-    # sequence_mask, with the cap below (rredcot_cli/train/loss.py, as TRL's vllm_importance_sampling_*).
+    # Importance weights on the policy-gradient term for the mismatch between the sampler's
+    # recorded log-probs and the trainer's (vLLM kernels, precision), rho = pi_trainer / pi_sampler
+    # per token, c = sampler_correction_cap (rredcot_cli/train/loss.py, sampler_correction_weights):
+    #   none               weight 1 (default)
+    #   token_truncate     min(rho_t, c) per token: truncated IS (TIS; TRL's vllm_importance_sampling)
+    #   token_mask         rho_t, 0 where rho_t > c: cap-and-mask, a token past the cap dropped, not
+    #                      truncated (token-level masked IS, MIS)
+    #   sequence_truncate  min(prod_t rho_t, c) for every token of the row
+    #   sequence_mask      prod_t rho_t, 0 for the whole row where it is > c (sequence-level MIS)
+    #   geometric_mask     1, 0 for the whole row where its geometric-mean ratio exp(mean_t log rho_t)
+    #                      is outside [1/c, c] (Geo-Mask; verl's rollout_rs=geometric); needs c > 1
+    # The mismatch itself is in the metrics every step either way (mismatch_* columns).
     sampler_correction: str = "none"
-    # The cap of those weights (truncate: clipped to it; mask: tokens or sequences above it dropped).
+    # The cap c of those weights (truncate: clipped to it; mask: tokens or rows past it dropped;
+    # geometric_mask: rows outside [1/c, c] dropped); also the ratio above which a token counts in
+    # the mismatch_past_cap metric, whichever correction is on.
     sampler_correction_cap: float = 2.0
     # Old log-probs of the policy update: recompute (a pre-update pass over the batch) | sampler
     # (the log-probs the sampler recorded; right only when it is the trained model in the same
@@ -493,7 +504,7 @@ RANGES: Dict[str, str] = {
     "train.micro_batch_size": ">= 0; 0 turns it off",
     "train.micro_batch_tokens": ">= -1; -1 is auto, 0 turns it off",
     "train.logprob_chunk_tokens": ">= 0; 0 turns it off",
-    "train.sampler_correction_cap": "> 0",
+    "train.sampler_correction_cap": "> 0; > 1 with train.sampler_correction=geometric_mask",
     "train.dist_timeout_s": "> 0",
     "train.save_rollouts": ">= 0; 0 never saves them",
     "train.keep_checkpoints": ">= 0; 0 keeps all",

@@ -130,6 +130,9 @@ def _check_options(t) -> None:
             raise TrainingError(f"train.{key}={t[key]}: must be >= 0 (0 turns it off)")
     if t.sampler_correction_cap <= 0:
         raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: must be > 0")
+    if t.sampler_correction == "geometric_mask" and t.sampler_correction_cap <= 1:
+        raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: geometric_mask keeps rows "
+                            "whose geometric-mean ratio is in [1/cap, cap], so the cap must be > 1")
     if t.old_logprobs == "sampler" and t.sampler_correction != "none":
         raise TrainingError(f"train.old_logprobs=sampler with train.sampler_correction={t.sampler_correction}: the "
                             "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")

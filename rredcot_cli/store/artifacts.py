@@ -145,6 +145,15 @@ TRAIN_METRICS = pa.schema(
         _added_field("credit_forward_tokens", pa.int64()),
         # std of the token advantages over the step's completion tokens: how spread the signal is
         _added_field("advantage_std", pa.float32()),
+        # sampler vs trainer log-probs on the sampled tokens (rredcot_cli/train/mismatch.py): mean and
+        # max |delta log p|, k3 KL(sampler || trainer), share of tokens with ratio past
+        # train.sampler_correction_cap, and the tokens measured; NaN (and 0 tokens) on a step whose
+        # update ran no forward; null in files written before them
+        _added_field("mismatch_logp_abs_mean", pa.float64()),
+        _added_field("mismatch_logp_abs_max", pa.float64()),
+        _added_field("mismatch_kl", pa.float64()),
+        _added_field("mismatch_past_cap", pa.float32()),
+        _added_field("mismatch_tokens", pa.int64()),
     ]
 )
 

@@ -18,7 +18,8 @@ The algorithm, one step (``Trainer.step``):
 4. **Refresh.** The new weights go to the sampler (and to the other ranks' copies); a method with a
    learned critic (ppo) has it fitted to the method's value targets.
 5. **Record.** One metrics row (``Trainer.record``), written by rank 0 to ``metrics.parquet`` and
-   the trackers after every step; every ``train.eval_every`` steps a held-out eval, every
+   the trackers after every step (the sampler/trainer mismatch in its ``mismatch_*`` columns,
+   ``rredcot_cli/train/mismatch.py``); every ``train.eval_every`` steps a held-out eval, every
    ``train.save_every`` steps a resumable checkpoint (``rredcot_cli/train/checkpoint.py``).
 
 Launch it in one process, with torchrun (DDP or FSDP2, rredcot_cli/train/distributed.py), or on Slurm
@@ -52,7 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs, train_rollouts
-from rredcot_cli.train import distributed, steptime, tracking, checkpoint, trainable
+from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
@@ -354,6 +355,8 @@ class Trainer:
             "value_loss": critic_stats.value_loss if critic_stats else None,
             "value_explained_variance": critic_stats.explained_variance if critic_stats else None,
             "sampler_kl": None if math.isnan(stats.sampler_kl) else stats.sampler_kl,
+            # sampler vs trainer on the sampled tokens (mismatch.py): NaN, 0 tokens, when not measured
+            **stats.mismatch.columns(),
             "overflow_skipped": stats.overflow_skipped if learned else None,
             **self.clock.columns(),
             "credit_forward_tokens": _value_forward_tokens(learned.batch) if learned else None,
@@ -536,7 +539,7 @@ def _value_forward_tokens(batch) -> int | None:
 def _with_phase_columns(history: list[dict]) -> list[dict]:
     """Metrics rows of a resumed run, with the per-phase columns (null) that rows written before
     they existed lack, so every row has the same columns."""
-    names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std"]
+    names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std", *mismatch.COLUMNS]
     for row in history:
         for name in names:
             row.setdefault(name, None)

@@ -35,7 +35,8 @@ import torch
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "constant")
 KL_ESTIMATORS = ("k1", "k3")
-SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                       "geometric_mask")
 
 
 @dataclass
@@ -77,11 +78,23 @@ def sampler_correction_weights(
     importance sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
     Off-Policy RL Training"; TRL's ``vllm_importance_sampling_*`` modes):
 
-    token_truncate     min(rho_t, cap) per token
-    token_mask         rho_t per token, 0 where rho_t > cap
+    token_truncate     min(rho_t, cap) per token (token-level truncated IS, "TIS")
+    token_mask         rho_t per token, 0 where rho_t > cap: cap-and-mask, a token past the cap
+                       is dropped instead of truncated (token-level masked IS, "MIS", Liu, Li et
+                       al. 2025, "When Speed Kills Stability")
     sequence_truncate  min(rho, cap) with rho = prod_t rho_t, the same for every token of a row
     sequence_mask      rho for the whole row, 0 for every token of a row whose rho > cap
+                       (sequence-level MIS, ibid.)
+    geometric_mask     1 for every token of a row whose geometric-mean ratio
+                       g = exp(mean_t log rho_t) lies in [1 / cap, cap], 0 for every token of a
+                       row outside it: a two-sided rejection mask, no reweighting, that does not
+                       grow with the row's length as prod_t rho_t does (ibid., "Geo-Mask"; verl's
+                       rollout correction, ``rollout_rs="geometric"`` without IS weights, with
+                       lower bound 1 / cap). Needs cap > 1.
     none               1
+
+    old_logprobs, sampler_logprobs: (B, T); mask: (B, T) bool, True on completion tokens; the
+    weights carry no gradient.
     """
     if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"unknown sampler correction {mode!r}; valid: {', '.join(SAMPLER_CORRECTIONS)}")
@@ -89,11 +102,26 @@ def sampler_correction_weights(
     if mode == "none":
         return maskf
     log_rho = (old_logprobs.detach() - sampler_logprobs.detach()) * maskf
+    if mode == "geometric_mask":
+        return geometric_mask(log_rho, maskf, cap)
     if mode.startswith("sequence"):
         log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
     rho = torch.exp(log_rho.clamp(max=50.0))  # exp(50) is far above any cap: masked or truncated anyway
     weights = rho.clamp(max=cap) if mode.endswith("truncate") else torch.where(rho > cap, torch.zeros_like(rho), rho)
     return weights * maskf
+
+
+def geometric_mask(log_rho: torch.Tensor, maskf: torch.Tensor, cap: float) -> torch.Tensor:
+    """``geometric_mask``'s (B, T) weights from the (B, T) log ratios ``log_rho`` (0 on padding)
+    and the float mask: 1 on the completion tokens of a row whose mean log ratio lies in
+    [-log cap, log cap] (geometric mean in [1 / cap, cap]), else 0. A row without tokens gets 0."""
+    if not cap > 1.0:
+        raise ValueError(f"geometric_mask needs a cap > 1 (kept rows: geometric-mean ratio in [1/cap, cap]), got {cap}")
+    tokens = maskf.sum(-1, keepdim=True)
+    mean_log_rho = log_rho.sum(-1, keepdim=True) / tokens.clamp(min=1.0)
+    bound = torch.log(torch.tensor(cap, dtype=torch.float64)).item()
+    keep = (mean_log_rho.abs() <= bound) & (tokens > 0)
+    return keep.to(maskf.dtype).expand_as(maskf) * maskf
 
 
 def loss_normalizer(mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> float:

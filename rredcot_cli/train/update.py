@@ -20,6 +20,7 @@ import torch
 from rredcot_cli.train.distributed import DataParallel, is_logprob_root, split_evenly
 from rredcot_cli.policy.logprobs import completion_logprobs
 from rredcot_cli.train.loss import loss_normalizer, policy_loss, sampler_correction_weights
+from rredcot_cli.train.mismatch import MismatchStats, MismatchSums, mismatch_stats, mismatch_sums
 from rredcot_cli.train.precision import GradientStepper, Precision
 from rredcot_cli.train.steptime import StepClock, phase
 
@@ -149,6 +150,10 @@ class UpdateStats:
     # how far the numbers the sampler recorded are from the trainer's; NaN without sampler log-probs.
     sampler_kl: float = float("nan")
     overflow_skipped: int = 0  # fp16 loss-scale overflows: skipped and rescaled, never a divergence
+    # The sampler/trainer mismatch on the sampled tokens (rredcot_cli/train/mismatch.py): from the
+    # pre-update pass, or from the first minibatch's forwards when the sampler's log-probs stand
+    # in for it; NaN (0 tokens) where no forward ran.
+    mismatch: MismatchStats = field(default_factory=MismatchStats)
 
 
 def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool,
@@ -262,8 +267,9 @@ def policy_update(
     advantages: (B, T) with T = the longest completion; zero on padding. The old log-probs are
     the policy's own before the first step (so the first minibatch step has ratio 1), under the
     sampling distribution of ``forward``. ``sampler_logprobs`` (B, T), the log-probs the sampler
-    recorded, feed the sampler/trainer mismatch metric and, with ``sampler_correction``, importance
-    weights on the policy-gradient term (``loss.sampler_correction_weights``).
+    recorded, feed the sampler/trainer mismatch metrics (``sampler_kl`` and ``mismatch``,
+    ``mismatch.py``, tokens past ``sampler_cap`` counted) and, with ``sampler_correction``,
+    importance weights on the policy-gradient term (``loss.sampler_correction_weights``).
 
     A minibatch is run ``forward.micro_batch_size`` rows at a time with gradients accumulated; its
     loss is normalised by the whole minibatch's ``loss_normalizer``, so the step equals that of one
@@ -281,7 +287,9 @@ def policy_update(
     ``old_from_sampler``: take ``sampler_logprobs`` as the old log-probs instead of running the
     pre-update pass, for a sampler that is the trained model in the same precision (the HF backend
     in fp32: the two differ by float rounding, docs/throughput.md). The entropy is then measured in
-    the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare)."""
+    the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare); the ``mismatch``
+    statistics come from the forwards of the minibatches before the first optimizer step (still
+    the weights that sampled), summed over their micro-batches and the ranks."""
     B = len(batch.completion_ids)
     forward, parallel, reference = engine.forward, engine.parallel, engine.reference
     stepper = engine.stepper or GradientStepper(Precision("fp32", torch.float32, None))
@@ -307,10 +315,12 @@ def policy_update(
                                                              engine.reference_forward or forward, parallel)
     entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1)) if entropies is not None else float("nan")
     sampler_kl = float("nan")
+    mismatch = MismatchStats()
     weights = None
     if sampler_logprobs is not None and not hyper.old_from_sampler:
         sampler_logprobs = sampler_logprobs[:, : mask.shape[1]]
         sampler_kl = float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1))
+        mismatch = mismatch_stats(old_logprobs, sampler_logprobs, mask, hyper.sampler_cap)
         if hyper.sampler_correction != "none":
             weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, hyper.sampler_correction,
                                                  hyper.sampler_cap)
@@ -319,6 +329,7 @@ def policy_update(
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
     steps = skipped = trailing = overflows = 0
     entropy_sums = [0.0, 0.0]  # the first pass's entropy x tokens and tokens, without a pre-pass
+    first_forwards = MismatchSums()  # the mismatch in the forwards before the first step, without one
     for epoch in range(hyper.updates_per_batch):
         order = torch.randperm(B, generator=engine.generator).tolist()
         for start in range(0, B, hyper.minibatch_size):
@@ -332,7 +343,9 @@ def policy_update(
                 weights, normalizer, clip_low=hyper.clip_low, clip_high=hyper.clip_high, loss_agg=hyper.loss_agg,
                 max_tokens=hyper.max_tokens, kl_coef=hyper.kl_coef, kl_estimator=hyper.kl_estimator,
                 kl_clamp=hyper.kl_clamp, clip_ratio_c=hyper.clip_ratio_c,
-                entropy_sums=entropy_sums if entropies is None and epoch == 0 else None)
+                entropy_sums=entropy_sums if entropies is None and epoch == 0 else None,
+                mismatch_into=first_forwards if hyper.old_from_sampler and epoch == 0 and steps == 0 else None,
+                mismatch_cap=hyper.sampler_cap)
             if minibatch is None:
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -362,10 +375,13 @@ def policy_update(
     model.eval()
     if entropies is None and entropy_sums[1]:
         entropy = entropy_sums[0] / entropy_sums[1]
+    if hyper.old_from_sampler:
+        mismatch = first_forwards.stats()
     # With every step skipped there is no loss to report: NaN says so in the metrics.
     mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}
     return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, updates=steps,
-                       trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows, **mean)
+                       trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows,
+                       mismatch=mismatch, **mean)
 
 
 def carries_no_signal(advantages: torch.Tensor, reference, kl_coef: float) -> bool:
@@ -385,7 +401,8 @@ def _steps_without_signal(model, optimizer, scheduler, params, stepper, batch_si
     moves the weights on its momentum and decays them even at a zero gradient, the scheduler
     advances, and ``generator`` stays where the full update would leave it, so the weights and every
     later step equal those of running the passes, bit for bit. What the passes would only have
-    measured (entropy, clip fraction, KL to the old policy, sampler mismatch) is NaN for the step;
+    measured (entropy, clip fraction, KL to the old policy, sampler mismatch: ``sampler_kl`` and
+    the ``mismatch`` statistics, 0 tokens) is NaN for the step;
     the loss and gradient norm are the 0 they would have been."""
     model.train()
     steps = overflows = 0
@@ -421,19 +438,24 @@ def _sampler_as_old(sampler_logprobs: torch.Tensor, completion_ids: list[list[in
 
 def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id,
                           old_logprobs, advantages, ref_logprobs, weights, normalizer, entropy_sums=None,
+                          mismatch_into: MismatchSums | None = None, mismatch_cap: float = 2.0,
                           **loss_kwargs) -> dict | None:
     """Forward and backward over this rank's share of the minibatch ``idx`` in micro-batches of
     ``rows``, gradients accumulated in the parameters (and synchronised over ranks in the last
     one). Returns the minibatch's loss and token-weighted statistics over all ranks, or None
     (gradients undefined) when any micro-batch's loss on any rank was not finite. With
     ``entropy_sums`` (a list [entropy x tokens, tokens]) the forwards also add the entropy of
-    every token of the minibatch, over all ranks, to it."""
+    every token of the minibatch, over all ranks, to it. With ``mismatch_into`` (a
+    ``MismatchSums``; ``old_logprobs`` are then the sampler's) the forwards' log-probs are
+    compared with ``old_logprobs`` and the minibatch's sums, over all ranks, added to it
+    (``mismatch_cap``: the ratio counted as past the cap)."""
     shares = [micro_batches(share, prompt_ids, completion_ids, rows, forward.micro_batch_tokens)
               for share in split_evenly(idx, parallel.world_size)]
     mine = shares[parallel.rank]
     passes = max(len(share) for share in shares)  # every rank makes as many passes
     # loss, clip_fraction, kl_ref and approx_kl_old (token-weighted), tokens, non-finite losses
     sums = [0.0] * 8  # ... and the entropy x tokens and tokens for entropy_sums
+    mismatch = MismatchSums()  # this rank's share, with mismatch_into
     for k in range(passes):
         micro = mine[k] if k < len(mine) else []
         weight = 1.0 if micro else 0.0  # a rank out of rows takes part with a zero-weighted pass
@@ -462,6 +484,8 @@ def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_i
         if entropy_sums is not None:
             sums[6] += float((entropies * mb_mask).sum())
             sums[7] += n
+        if mismatch_into is not None:
+            mismatch.add(mismatch_sums(logprobs, on_device(old_logprobs), mb_mask, mismatch_cap))
         sums[0] += float(loss.detach())  # already a share of the minibatch loss
         sums[1] += stats.clip_fraction * n
         sums[2] += stats.kl_ref * n
@@ -472,6 +496,8 @@ def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_i
     if entropy_sums is not None:
         entropy_sums[0] += entropy_sum
         entropy_sums[1] += entropy_tokens
+    if mismatch_into is not None:
+        mismatch_into.add(mismatch.over_ranks(parallel))
     if nonfinite:
         return None
     tokens = max(1.0, tokens)

@@ -42,6 +42,10 @@ TINY_MODEL = REPO / "rredcot_cli" / "assets" / "tiny-chain"
 # micro-batches in one process, and three steps of AdamW carry that rounding into the weights.
 WEIGHT_ATOL = 1e-5
 METRIC_RTOL = 1e-4
+# The sampler/trainer mismatch columns (mismatch.py) measure float rounding itself (HF sampler and
+# trainer are one fp32 model: |delta log p| of 1e-8 mean, a few 1e-6 max), which other micro-batch
+# shapes on two ranks change: compared at the HF backend's bound on that rounding (old_from_sampler).
+MISMATCH_ATOL = 1e-4
 
 
 # --------------------------------------------------------------------------- sharding rules
@@ -260,7 +264,9 @@ def _assert_same_run(run: Path, reference: Path) -> None:
     assert [r["step"] for r in got] == [1, 2, 3]
     for row, want in zip(got, expected):
         for key, value in want.items():
-            if isinstance(value, float):
+            if isinstance(value, float) and key.startswith("mismatch_"):
+                assert row[key] == pytest.approx(value, abs=MISMATCH_ATOL), (row["step"], key)
+            elif isinstance(value, float):
                 assert row[key] == pytest.approx(value, rel=METRIC_RTOL, abs=1e-6), (row["step"], key)
             else:
                 assert row[key] == value, (row["step"], key)
