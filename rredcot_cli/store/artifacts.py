@@ -27,7 +27,11 @@ import pyarrow.parquet as pq
 
 from rredcot_cli.errors import ArtifactError, one_line
 from rredcot_cli.store.atomic import atomic_path
-from rredcot_cli.train.steptime import PHASES
+
+# The phases a training step's wall time is split into: metrics.parquet has a ``seconds_<phase>``
+# column for each. Declared here, with the schema, so the run store depends on nothing above it;
+# the step clock (train/steptime.py) times exactly these.
+PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
 
 
 _ADDED_LATER = b"rredcot.added_later"

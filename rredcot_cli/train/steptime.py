@@ -27,7 +27,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable, ContextManager, Iterator
 
-PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
+from rredcot_cli.store.artifacts import PHASES  # the metrics schema's phases (one list, kept there)
+
 # The metrics columns that hold wall-clock time (the step's and its phases'): what differs between
 # two runs that compute the same thing.
 CLOCK_COLUMNS = ("seconds", *(f"seconds_{name}" for name in PHASES))
