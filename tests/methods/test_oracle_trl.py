@@ -5,7 +5,8 @@ TRL computes these advantages inline in ``GRPOTrainer._generate_and_score_comple
 real trainer on the test's fixed rewards. DAPO's length shaping is TRL's module-level
 ``trl.rewards.get_soft_overlong_punishment``. Random fixed rewards, several seeds, groups of
 2/8/16 with binary, continuous and exactly-representable all-equal groups side by side; values
-agree to float32 rounding.
+agree to float32 rounding (a few ulps: TRL's torch.nanmean and rredcot's index_add_ sum in
+different orders). Both stds are Bessel-corrected (TRL's ``trl.trainer.utils.nanstd``).
 
 Documented deviations from TRL, each pinned by hand and shown against TRL:
 - eps: TRL divides by std + 1e-4, rredcot's grpo/dapo by std + 1e-6 (verl's) by default;
