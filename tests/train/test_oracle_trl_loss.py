@@ -5,8 +5,9 @@ fixed ragged batch with an empty row; rredcot's loss is evaluated on the very pe
 that forward returned, and both gradients are taken with respect to them. Values and gradients
 agree to float32 rounding for:
 
-- every ``loss_agg`` mode: seq-mean-token-mean = TRL's loss_type "grpo", token-mean = "bnpo" and
-  "dapo" (one micro-batch), constant (B x max_tokens) = "dr_grpo" (B x max_completion_length);
+- every ``loss_agg`` mode: seq-mean-token-mean = TRL's loss_type "grpo", token-mean = "dapo" (and
+  "bnpo" within one micro-batch), constant (B x max_tokens) = "dr_grpo" (B x max_completion_length);
+  accumulated over micro-batches too (TRL's gradient accumulation, rredcot's minibatch normaliser);
 - the clipped surrogate, symmetric and clip-higher (``clip_low``/``clip_high`` = epsilon_low/high);
 - the k3 KL term (``kl_coef`` = beta, unclamped) with TRL's ``use_bias_correction_kl=False``;
 - the sampler correction weights applied as TRL applies ``importance_sampling_ratio`` (the
@@ -17,6 +18,8 @@ agree to float32 rounding for:
   1 + clip_high < c binds first in both.)
 
 Documented deviations, pinned by hand and shown against TRL:
+- TRL's "bnpo" under gradient accumulation averages the micro-batches' token means; rredcot's
+  token-mean is the minibatch's token mean, as TRL's "dapo";
 - TRL 1.16 defaults to ``use_bias_correction_kl=True``: the KL term is multiplied by the ratio,
   which changes its gradient even on-policy (by kl_coef x k3_t per token, over the normaliser);
   rredcot's KL term is not weighted (train/loss.py);
@@ -220,3 +223,61 @@ def test_rloo_token_level_loss_vs_trls_sequence_level_loss(seed):
                               loss_agg="constant", max_tokens=1)
     (g_ours_off,) = torch.autograd.grad(ours_off, logps)
     assert not torch.allclose(g_ours_off, g_off, rtol=1e-3, atol=1e-6)
+
+
+def micro_batches_both(seed: int, loss_agg: str, loss_type: str, parts: int = 2):
+    """One minibatch in ``parts`` micro-batches, accumulated as TRL's loop does
+    (current_gradient_accumulation_steps = steps_per_generation = parts, num_items_in_batch = the
+    whole batch's tokens) and as rredcot's does (each micro-batch's ``aggregate`` with the
+    minibatch's ``loss_normalizer``): (summed TRL loss, summed rredcot loss, [(grad TRL, grad
+    rredcot)] per micro-batch, token count per micro-batch)."""
+    from rredcot_cli.train.loss import loss_normalizer
+
+    trainer = grpo_trainer()
+    batch = loss_batch(seed)
+    mask = batch["mask"]
+    rows, length = mask.shape
+    old_offsets = torch.randn(rows, length, generator=batch["gen"]) * 0.3
+    normalizer = loss_normalizer(mask, loss_agg, length)
+    theirs_total, ours_total, grads, tokens = 0.0, 0.0, [], []
+    for part in torch.arange(rows).chunk(parts):
+        micro = {key: batch[key][part] for key in ("mask", "completion_ids", "advantages")}
+        inputs, _ = trl_inputs(trainer, micro, old_offsets[part], None)
+        inputs["num_items_in_batch"] = mask.sum()
+        with trainer_attrs(trainer, loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28,
+                           max_completion_length=length, current_gradient_accumulation_steps=parts), \
+                trainer_attrs(trainer.args, steps_per_generation=parts), LogpSpy(trainer) as spy:
+            theirs = trainer._compute_loss(trainer.model, inputs)
+        ours, _ = policy_loss(spy.logps, inputs["old_per_token_logps"], micro["advantages"][:, None] * micro["mask"],
+                              micro["mask"], clip_low=0.2, clip_high=0.28, loss_agg=loss_agg, max_tokens=length,
+                              normalizer=normalizer)
+        grads.append((torch.autograd.grad(theirs, spy.logps, retain_graph=True)[0],
+                      torch.autograd.grad(ours, spy.logps)[0]))
+        theirs_total, ours_total = theirs_total + theirs.detach(), ours_total + ours.detach()
+        tokens.append(int(micro["mask"].sum()))
+    return theirs_total, ours_total, grads, tokens
+
+
+@pytest.mark.parametrize(("loss_agg", "loss_type"), [("seq-mean-token-mean", "grpo"), ("token-mean", "dapo"),
+                                                      ("constant", "dr_grpo")])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_micro_batch_accumulation_equals_trls(seed, loss_agg, loss_type):
+    """Two equal-sized micro-batches: TRL's accumulated "grpo", "dapo" and "dr_grpo" losses equal
+    rredcot's micro-batch losses under the minibatch normaliser (which sum to the minibatch loss,
+    tests/train/test_loss.py), value and gradient."""
+    theirs, ours, grads, _ = micro_batches_both(seed, loss_agg, loss_type)
+    torch.testing.assert_close(ours, theirs, **VALUE_TOL)
+    for grad_theirs, grad_ours in grads:
+        torch.testing.assert_close(grad_ours, grad_theirs, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("seed", (0, 1))  # seed 2 splits into micro-batches of 9 tokens each
+def test_trls_bnpo_is_token_mean_only_within_one_micro_batch(seed):
+    """Accumulated over micro-batches with different token counts, TRL's "bnpo" averages the
+    micro-batches' token means (each / gradient_accumulation_steps); rredcot's token-mean divides
+    the whole minibatch's token sum by its token count, as TRL's "dapo" does."""
+    theirs, ours, _, tokens = micro_batches_both(seed, "token-mean", "bnpo")
+    assert tokens[0] != tokens[1]
+    dapo, _, _, _ = micro_batches_both(seed, "token-mean", "dapo")
+    torch.testing.assert_close(ours, dapo, **VALUE_TOL)
+    assert not torch.allclose(ours, theirs, rtol=1e-4, atol=0)
