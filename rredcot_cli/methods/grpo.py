@@ -8,6 +8,11 @@ equal gets exactly 0 (``base.group_mean_std`` detects it); verl's float32 mean o
 a few ulps off when the rewards are not binary or dyadic, and dividing by a std of the same size
 gives it an O(1) advantage (issue 30).
 
+TRL 1.16's ``GRPOTrainer`` (scale_rewards="group") gives the same advantage with eps=1e-4 (its
+fixed eps; verl's 1e-6 is the default here), except a group of one (0 there: its
+num_generations=1 path) and an all-equal inexact group (a residue of ulps / 1e-4 there); tested
+against it in tests/methods/test_oracle_trl.py.
+
 Shapes: rewards (B,), group_ids (B,) -> token advantages (B, T), exactly 0 on padding; segment
 credits (B, S) = A_i on every existing segment; no state values.
 """

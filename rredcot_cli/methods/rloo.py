@@ -16,6 +16,12 @@ The original paper optimises sequence-level REINFORCE with a KL-shaped reward; a
 ``rloo`` estimator, this method only supplies the advantage and the shared clipped surrogate
 (``train.clip_low``/``clip_high``, ``train.kl_coef``) is the loss.
 
+TRL 1.16's ``RLOOTrainer`` computes the same advantage (tested against it,
+tests/methods/test_oracle_trl.py) but gives a group of one 0, and its loss clips a
+sequence-level ratio exp(sum_t log-ratio) and averages over sequences: on-policy its gradient is
+this token-level loss's with ``train.loss_agg=constant`` and a budget of 1; off-policy they clip
+differently (tests/train/test_oracle_trl_loss.py).
+
 Shapes: rewards (B,), group_ids (B,) -> token advantages (B, T), exactly 0 on padding; segment
 credits (B, S) = A_i on every existing segment; no state values.
 """

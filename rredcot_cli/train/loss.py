@@ -25,6 +25,16 @@ Checked against verl's ``verl/trainer/ppo/core_algos.py`` (``compute_policy_loss
   gives k3 = 3.3e6 and a large pull back; clamped, 10 and no gradient).
 - verl also clamps the PPO log ratio logp - old_logp to [-20, 20] before the exp; this loss does
   not (a ratio beyond e^20 is clipped for A > 0 and, with A < 0, is what the dual clip bounds).
+
+Checked against TRL 1.16's ``GRPOTrainer._compute_loss`` too (tests/train/test_oracle_trl_loss.py,
+values and gradients): ``loss_agg`` seq-mean-token-mean, token-mean and constant are its loss_type
+"grpo", "dapo" and "dr_grpo", micro-batches included ("bnpo" is token-mean only within one
+micro-batch: accumulated, it averages the micro-batches' token means); ``clip_ratio_c = c`` gives
+the same loss as its two-sided clip ``delta = c`` (INTELLECT-2) whenever c > 1 + clip_high;
+``sampler_weights`` enter as its ``importance_sampling_ratio`` does. Where it differs: TRL 1.16
+defaults to ``use_bias_correction_kl=True``, the KL term times the ratio (DeepSeek-V3.2), which
+changes the KL gradient even on-policy; here the KL term is never weighted (TRL's ``False``). TRL
+never clamps k3 (``kl_clamp=0``, the default here).
 """
 
 from __future__ import annotations
