@@ -459,7 +459,8 @@ class VLLMBackend:
     def sync_report(self) -> dict:
         """What the manifest records about this rank's weight syncs."""
         return {"rank": self.groups.rank, "engine_group": self.groups.group, "method": self.weight_sync,
-                "syncs": self.syncs, "checks": list(self.sync_checks)}
+                "syncs": self.syncs, "checks": list(self.sync_checks),
+                "weight_transfer_backends": _weight_transfer_backends()}
 
     def _file_bytes(self, model) -> int:
         """Bytes the weight files of ``model`` take in the engine dtype (the HF state dict; LoRA
@@ -497,6 +498,16 @@ class VLLMBackend:
             core.shutdown()
         if self._cleanup is not None:
             self._cleanup()
+
+
+def _weight_transfer_backends() -> list[str] | None:
+    """The backends of vLLM's weight-transfer API in the installed vLLM (None: it has none), for
+    the manifest: with the engine in this process they are not used (docs/vllm-ddp.md)."""
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return None
+    return sorted(WeightTransferEngineFactory._registry)
 
 
 SYNC_PROBE = ("Compute mod 10: 3 +4 *2 -1\n", "3 + 4 = 7\n7 * 2 = 14\n14 - 1 = 13\nanswer: 3")

@@ -37,7 +37,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     _check_options(t)
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
-    parallel = _data_parallel(t, cfg.backend.name, precision)
+    parallel = _data_parallel(t, cfg.backend, precision, spec.name)
     out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
                                                     keys=config_keys(spec), resume=t.resume))
     if out is None:
@@ -154,7 +154,7 @@ def _check_options(t) -> None:
                             "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")
 
 
-def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
+def _data_parallel(t, backend_cfg, precision, method: str) -> distributed.DataParallel:
     """This process's place in a torchrun job (world size 1 without one), or a one-line refusal
     of what does not work under data parallelism yet."""
     try:
@@ -164,7 +164,11 @@ def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
     if parallel.distributed:
         console.quiet = not parallel.is_main  # one progress bar and one table, from rank 0
         # vLLM: an engine per rank (or tensor-parallel group) splits every generate call itself.
-        parallel.shard_chunks = backend != "vllm"
+        parallel.shard_chunks = backend_cfg.name != "vllm"
+        if backend_cfg.name == "vllm" and backend_cfg.tensor_parallel_size > 1 and method == "mc":
+            raise TrainingError("method=mc with backend=vllm under torchrun and backend.tensor_parallel_size="
+                                f"{backend_cfg.tensor_parallel_size}: each rank samples continuations for its own groups, "
+                                "which the ranks sharing a tensor-parallel engine cannot; use tensor_parallel_size=1")
         if parallel.mode == "fsdp2" and precision.loss_scaling:
             raise TrainingError(f"train.precision={precision.name} with train.parallel=fsdp2: fp16 loss scaling "
                                 "over sharded gradients is not supported; use bf16-mixed or fp32")
