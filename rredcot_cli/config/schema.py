@@ -470,6 +470,7 @@ RANGES: Dict[str, str] = {
     "backend.tensor_parallel_size": ">= 1",
     "backend.kv_cache_gb": "> 0; or null",
     "backend.max_model_len": ">= 1; or null",
+    "backend.sync_check_atol": ">= 0; 0 turns the check off",
     "benchmark.max_steps": ">= 1",
     "benchmark.min_steps": "[1, benchmark.max_steps]",
     "benchmark.data_seed": ">= 0",
