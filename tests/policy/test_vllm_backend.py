@@ -198,6 +198,25 @@ def test_fake_vllm_generate(monkeypatch, char_tokenizer):
         vb.generate([[]], SamplingParams(n=1, max_new_tokens=3), seed=0)
 
 
+def test_fake_vllm_engine_of_rank_one_under_torchrun(monkeypatch, char_tokenizer):
+    """Rank 1 of 2 (tensor_parallel_size 1): an in-process engine of vLLM's external launcher with
+    its group's seed, and the requests of its share seeded by their index in the whole call, as in
+    one process (the all-gather itself runs in tests/train/test_vllm_distributed.py)."""
+    from rredcot_cli.policy.engine_groups import EngineGroups
+    from rredcot_cli.policy.vllm import request_seed
+
+    vb = _fake_backend(monkeypatch, char_tokenizer, groups=EngineGroups(1, 2, 1))
+    assert vb.llm.kwargs["distributed_executor_backend"] == "external_launcher" and vb.llm.kwargs["seed"] == 3 + 1
+    prompts = [[3], [4], [5], [6], [7]]
+    share = vb.groups.share(len(prompts))
+    assert share == range(3, 5)  # rank 0 takes the longer share, prompts 0-2
+    vb._generate(prompts[share.start : share.stop], SamplingParams(n=2, max_new_tokens=3), seed=5, first=share.start)
+    assert [ids for ids, _ in vb.llm.requests] == [[6], [6], [7], [7]]
+    assert [sp.seed for _, sp in vb.llm.requests] == [request_seed(5, i, j, 2) for i in (3, 4) for j in range(2)]
+    one_process = _fake_backend(monkeypatch, char_tokenizer)
+    assert "distributed_executor_backend" not in one_process.llm.kwargs and one_process.llm.kwargs["seed"] == 3
+
+
 def test_fake_vllm_gpu_settings(monkeypatch, char_tokenizer):
     vb = _fake_backend(monkeypatch, char_tokenizer, device_type="cuda", dtype="bf16", gpu_memory_utilization=0.3)
     kw = vb.llm.kwargs
