@@ -21,6 +21,12 @@ keeps what finished):
 5. ``memory``     one policy update of random-init Qwen2.5-0.5B at 1k tokens with the memory
                   options on (bf16-mixed, checkpointing, chunked LM head, micro-batch 1): peak
                   allocated/reserved CUDA memory, to set beside docs/memory.md's derived numbers.
+6. ``colocated``  with 2+ GPUs: ``torchrun --nproc-per-node=2 -m rredcot_cli train backend=vllm``,
+                  an engine per rank colocated with its trainer (sleep mode on), for ddp and fsdp2,
+                  then both ranks sharing one engine (``backend.tensor_parallel_size=2``), each
+                  with ``backend.sync_check_atol`` checking every sync on every rank: wall time,
+                  per-step metrics, the manifest's per-rank sync record. Skipped on one GPU
+                  (``--quick`` runs the ddp case on the CPU build instead).
 
 ``--quick`` shrinks every size so the script can be smoke-run on a CPU with the CPU build of vLLM
 (tests nothing a GPU adds; it checks the script itself). Nothing here asserts; read the JSON.
@@ -53,7 +59,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "results" / "device-check" / "device_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the script on CPU")
     parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these parts: logprobs sync train throughput memory")
+                        help="run only these parts: logprobs sync train throughput memory colocated")
     args = parser.parse_args()
 
     import torch
@@ -63,7 +69,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     parts = [("logprobs", check_logprobs), ("sync", check_sync), ("train", check_train),
-             ("throughput", check_throughput), ("memory", check_memory)]
+             ("throughput", check_throughput), ("memory", check_memory), ("colocated", check_colocated)]
     for name, part in parts:
         if args.only is not None and name not in args.only:
             continue
@@ -202,6 +208,50 @@ def check_train(device: str, quick: bool) -> dict:
                 "steps": [{k: m[k] for k in ("step", "reward_mean", "loss", "sampler_kl", "grad_norm", "seconds",
                                               "response_tokens_mean")} for m in metrics],
                 "trainer_peak_reserved_gib": None if not peak or peak[0] == "None" else round(int(peak[0]) / 2**30, 2),
+                "overrides": common + extra,
+            }
+    return report
+
+
+def check_colocated(device: str, quick: bool) -> dict:
+    """``backend=vllm`` under torchrun on 2 GPUs: an engine per rank (ddp, fsdp2), then one engine
+    shared by both ranks (tensor_parallel_size 2)."""
+    import pyarrow.parquet as pq
+    import torch
+
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    if gpus < 2 and not quick:
+        return {"skipped": f"needs 2 GPUs, found {gpus}"}
+    # fp32 so the check's tolerance is the kernels' rounding (bf16 engines differ from the trainer by more).
+    common = ["backend=vllm", "experiment=quick", "train.steps=3", "train.eval_every=3", "train.save_every=0",
+              "model.dtype=float32", "backend.enforce_eager=true", "backend.batch_size=0",
+              f"backend.sync_check_atol={1e-3 if device == 'cuda' else 1e-4}", "train.dist_timeout_s=300"]
+    if device == "cuda":
+        common += ["backend.gpu_memory_utilization=0.3"]
+    cases = {"ddp": ["train.parallel=ddp"], "fsdp2": ["train.parallel=fsdp2"],
+             "ddp_tp2": ["train.parallel=ddp", "backend.tensor_parallel_size=2"]}
+    if device != "cuda":
+        cases = {"ddp": cases["ddp"]}  # --quick on the CPU build: the script itself
+    report = {"gpus": gpus}
+    for name, extra in cases.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            run = Path(tmp) / "run"
+            started = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                   "-m", "rredcot_cli", "train", f"run.dir={run}", *common, *extra],
+                                  cwd=tmp, capture_output=True, text=True, timeout=900,
+                                  env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+            seconds = time.perf_counter() - started
+            if proc.returncode != 0:
+                report[name] = {"error": proc.stderr[-3000:], "seconds": round(seconds, 1)}
+                continue
+            metrics = pq.read_table(run / "train" / "metrics.parquet").to_pylist()
+            manifest = json.loads((run / "train" / "manifest.json").read_text())
+            report[name] = {
+                "seconds": round(seconds, 1),
+                "steps": [{k: m[k] for k in ("step", "reward_mean", "loss", "mismatch_logp_abs_max", "grad_norm",
+                                              "seconds")} for m in metrics],
+                "weight_sync": manifest["extra"].get("weight_sync"),
                 "overrides": common + extra,
             }
     return report

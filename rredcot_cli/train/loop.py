@@ -222,7 +222,7 @@ class Trainer:
     def _check_sampling(self) -> None:
         cfg, t, parallel = self.cfg, self.t, self.parallel
         self.prompts_per_call = ppc = prompts_per_call(cfg.backend.batch_size, self.s.n)
-        if parallel.distributed and -(-t.prompts_per_step // ppc) < parallel.world_size:
+        if parallel.distributed and parallel.shard_chunks and -(-t.prompts_per_step // ppc) < parallel.world_size:
             console.print(f"[yellow]backend.batch_size={cfg.backend.batch_size} makes {-(-t.prompts_per_step // ppc)} "
                           f"generate call(s) per step for {parallel.world_size} ranks: some ranks idle while "
                           f"sampling; a smaller backend.batch_size spreads sampling over every rank (and changes "

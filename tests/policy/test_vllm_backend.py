@@ -38,6 +38,30 @@ def test_request_seeds_are_distinct():
     assert len(seeds) == 40
 
 
+@pytest.mark.parametrize("world, tp", [(1, 1), (2, 1), (4, 2), (8, 2), (6, 3)])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 16])
+def test_engine_groups_split_a_call_into_contiguous_shares(world, tp, count):
+    """The groups' shares of a call's prompts concatenate, in group order, to the whole call; the
+    ranks of one group take the same share and seed their engine alike."""
+    from rredcot_cli.policy.engine_groups import EngineGroups
+
+    ranks = [EngineGroups(rank, world, tp) for rank in range(world)]
+    firsts = ranks[::tp]
+    assert [i for g in firsts for i in g.share(count)] == list(range(count))
+    assert max(len(g.share(count)) for g in firsts) - min(len(g.share(count)) for g in firsts) <= 1
+    for r in ranks:
+        assert r.share(count) == firsts[r.group].share(count)
+        assert r.engine_seed(5) == 5 + r.rank // tp
+    assert ranks[0].engine_seed(5) == 5  # group 0's engine is seeded as the one-process engine
+
+
+def test_tensor_parallel_size_must_divide_the_ranks():
+    from rredcot_cli.policy.engine_groups import EngineGroups
+
+    with pytest.raises(RredcotError, match="tensor_parallel_size=2 must divide the 3 torchrun ranks"):
+        EngineGroups(0, 3, 2)
+
+
 torch = pytest.importorskip("torch")
 
 
@@ -172,6 +196,25 @@ def test_fake_vllm_generate(monkeypatch, char_tokenizer):
     assert greedy.temperature == 0.0 and greedy.top_p == 1.0 and greedy.seed is None
     with pytest.raises(ValueError, match="at least one token"):
         vb.generate([[]], SamplingParams(n=1, max_new_tokens=3), seed=0)
+
+
+def test_fake_vllm_engine_of_rank_one_under_torchrun(monkeypatch, char_tokenizer):
+    """Rank 1 of 2 (tensor_parallel_size 1): an in-process engine of vLLM's external launcher with
+    its group's seed, and the requests of its share seeded by their index in the whole call, as in
+    one process (the all-gather itself runs in tests/train/test_vllm_distributed.py)."""
+    from rredcot_cli.policy.engine_groups import EngineGroups
+    from rredcot_cli.policy.vllm import request_seed
+
+    vb = _fake_backend(monkeypatch, char_tokenizer, groups=EngineGroups(1, 2, 1))
+    assert vb.llm.kwargs["distributed_executor_backend"] == "external_launcher" and vb.llm.kwargs["seed"] == 3 + 1
+    prompts = [[3], [4], [5], [6], [7]]
+    share = vb.groups.share(len(prompts))
+    assert share == range(3, 5)  # rank 0 takes the longer share, prompts 0-2
+    vb._generate(prompts[share.start : share.stop], SamplingParams(n=2, max_new_tokens=3), seed=5, first=share.start)
+    assert [ids for ids, _ in vb.llm.requests] == [[6], [6], [7], [7]]
+    assert [sp.seed for _, sp in vb.llm.requests] == [request_seed(5, i, j, 2) for i in (3, 4) for j in range(2)]
+    one_process = _fake_backend(monkeypatch, char_tokenizer)
+    assert "distributed_executor_backend" not in one_process.llm.kwargs and one_process.llm.kwargs["seed"] == 3
 
 
 def test_fake_vllm_gpu_settings(monkeypatch, char_tokenizer):
@@ -539,6 +582,31 @@ def test_real_sync_weights_from_files_for_an_engine_in_another_process(hf_model,
     print(f"file sync: scores moved {changed:.3g}, then matched HF to {mismatch:.2g}; restored to {restored:.2g}")
     assert changed > 1e-2 and mismatch < SYNC_DIFF and restored < SYNC_DIFF
     assert not folder.exists()
+
+
+@pytest.mark.vllm
+def test_real_sync_check_stops_an_engine_with_stale_weights(engine):
+    """``backend.sync_check_atol``: an engine whose weights are the policy's passes the check; one
+    that kept other (stale) weights fails it with one line, as a rank of a torchrun job whose
+    sync did not land would (tests/train/test_vllm_distributed.py runs the check on every rank)."""
+    hf, vb = engine
+    perturbed = copy.deepcopy(hf.model)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    assert vb.sync_logprob_gap(hf.model) <= SYNC_DIFF  # the module's engine holds the embedded weights
+    assert vb.sync_logprob_gap(perturbed) > 1e-2
+    vb.sync_check_atol = SYNC_DIFF
+    try:
+        vb.sync_weights(perturbed)  # lands: checked and recorded
+        assert len(vb.sync_checks) == 1 and vb.sync_checks[0] <= SYNC_DIFF
+        with pytest.raises(RredcotError, match="stale") as error:
+            vb._check_synced(hf.model)  # the engine still holds the perturbed weights: stale for hf.model
+        assert "\n" not in str(error.value)
+    finally:
+        vb.sync_check_atol, vb.sync_checks = 0.0, []
+        vb.sync_weights(hf.model)
 
 
 @pytest.mark.vllm

@@ -365,8 +365,8 @@ def _kill_tree(pid: int) -> None:
 
 
 @pytest.mark.parametrize("override, message", [
-    (["backend=vllm"], "backend=vllm under torchrun"),
     (["train.parallel=fsdp2", "train.precision=fp16-mixed"], "fp16 loss scaling"),
+    (["backend=vllm", "backend.tensor_parallel_size=2", "method=mc"], "method=mc with backend=vllm under torchrun"),
 ])
 def test_what_data_parallelism_does_not_support_is_refused_in_one_line(monkeypatch, tmp_path, override, message):
     from rredcot_cli.train import distributed
