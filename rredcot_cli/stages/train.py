@@ -22,7 +22,7 @@ from rich.table import Table
 from rredcot_cli.store import artifacts, runs, train_rollouts
 
 from rredcot_cli.train import distributed, tracking
-from rredcot_cli.errors import TrainingError
+from rredcot_cli.errors import StorageError, TrainingError
 from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import console, method_and_params
 from rredcot_cli.train.loop import Fitted, Trainer
@@ -42,12 +42,27 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                                     keys=config_keys(spec), resume=t.resume))
     if out is None:
         return
-    fitted = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
-                     hyper=update_hyper(cfg, precision.name), trackers=trackers).fit()
-    if parallel.is_main:  # rank 0 writes every artifact
-        _write_results(spec.name, t.steps, out, fitted, trackers)
+    try:
+        fitted = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
+                         hyper=update_hyper(cfg, precision.name), trackers=trackers).fit()
+        if parallel.is_main:  # rank 0 writes every artifact
+            _write_results(spec.name, t.steps, out, fitted, trackers)
+    except StorageError as e:  # a full disk mid-run: say what a resume starts from
+        raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
     parallel.barrier()
     parallel.close()
+
+
+def kept_for_resume(train_dir, save_every: int) -> str:
+    """What a train run that failed to write keeps, and how to continue it."""
+    from rredcot_cli.train.checkpoint import last_complete
+
+    found = last_complete(train_dir / "checkpoints")
+    if found is None:
+        return (f"no step checkpoint was complete yet (train.save_every={save_every}); free space and rerun "
+                "(with train.resume=true it starts over from step 0)")
+    return (f"the last complete checkpoint, step {int(found.name.split('-')[1])} ({found}), is kept; free space "
+            "and rerun with train.resume=true")
 
 
 def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:

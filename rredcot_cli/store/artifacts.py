@@ -328,7 +328,7 @@ def write_artifact(
     table = build_table(kind, columns)
     table = table.replace_schema_metadata({_KIND_METADATA_KEY: kind.encode()})
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, needed=table.nbytes) as tmp:  # in memory; Parquet compresses it
         pq.write_table(table, tmp)
     return path
 
