@@ -47,6 +47,20 @@ class TrainingError(RredcotError):
     """Training cannot go on (e.g. too many non-finite updates in a row)."""
 
 
+# EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry". Job scripts requeue on it.
+PREEMPTED_EXIT = 75
+
+
+class Preempted(Exception):
+    """``rredcot train`` stopped on a preemption signal after writing a checkpoint
+    (rredcot_cli/train/preemption.py): not an error; the CLI prints the message (one line; "" on the
+    ranks that print nothing) and exits with status ``PREEMPTED_EXIT``."""
+
+    def __init__(self, message: str, step: int, signal_name: str) -> None:
+        super().__init__(message)
+        self.step, self.signal_name = step, signal_name
+
+
 def one_line(message: object) -> str:
     """``message`` as a single line: internal newlines and runs of spaces become one space."""
     return " ".join(str(message).split())

@@ -184,6 +184,12 @@ class StageOutput:
         )
         _write_manifest(self.dir, self.manifest)
 
+    def stopped(self, status: str, **info: Any) -> None:
+        """Record that the stage stopped unfinished on purpose (``status``, e.g. "preempted", with
+        ``info`` and the time under that name); like "running" it is resumed, never read as done."""
+        self.manifest.update(status=status, **{status: {**info, "at": _now()}})
+        _write_manifest(self.dir, self.manifest)
+
 
 def _differing_keys(folder: Path, cfg: DictConfig, keys: list[str]) -> list[str] | None:
     """Top-level ``keys`` whose values differ between ``folder/config.yaml`` and ``cfg``."""

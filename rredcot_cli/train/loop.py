@@ -53,7 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs, train_rollouts
-from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable
+from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
@@ -238,7 +238,8 @@ class Trainer:
         t = self.t
         self._start()
         first_step = self.state.step + 1
-        with progress_bar(f"train {self.spec.name}", total=t.steps) as advance:
+        with progress_bar(f"train {self.spec.name}", total=t.steps) as advance, \
+                preemption.Preemption(t.preempt_signals) as preempt:
             advance(first_step - 1)
             for step in range(first_step, t.steps + 1):
                 result = self.step(step)
@@ -248,8 +249,11 @@ class Trainer:
                 self.state.step = step
                 self.recorder.write(step, self.state.history, result)
                 self._count_skipped(step, result.stats)
-                if t.save_every and step % t.save_every == 0 and step != t.steps:
+                stop = step != t.steps and preempt.due(self.parallel)  # a signal: checkpoint now, then stop
+                if step != t.steps and (stop or (t.save_every and step % t.save_every == 0)):
                     self.checkpoint(step)
+                if stop:
+                    raise preempt.stop(step, t.steps, self.checkpoints / f"step-{step:06d}", self.parallel.is_main)
                 advance(1, info=_progress_info(result.row, result.tokens))
         return self._finish()
 

@@ -2,19 +2,21 @@
 instant. Each ends, after ``train.resume=true``, with the metrics (all but the clock columns),
 held-out eval and final weights of one uninterrupted run with the same seed (``whole``, made once)."""
 
+import json
 import os
+import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
-import uuid
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from rredcot_cli.errors import PREEMPTED_EXIT
 from rredcot_cli.store.runs import sha256_file
 from rredcot_cli.train.steptime import CLOCK_COLUMNS
 
@@ -125,3 +127,131 @@ def test_a_real_full_tmpfs_then_freed_space_resumes(tmp_path, whole):
         _check_full_disk_then_resume(run, stderr, whole)
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# --------------------------------------------------------------------------- preemption signals
+
+
+def _wait_for(path, process, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the run ended first: {process.communicate()}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.01)
+
+
+def test_a_preemption_signal_finishes_the_step_checkpoints_and_resumes_to_the_same_run(tmp_path, whole):
+    """SIGUSR1 at a random moment of step 2 (seeded): the step finishes, checkpoints/step-2 is written
+    (a second signal, SIGTERM, while it is written changes nothing), one line, exit status 75; the
+    resumed run equals the uninterrupted one. No periodic checkpoint is due (train.save_every=10)."""
+    process = rredcot("train", f"run.dir={tmp_path}", *TINY, cwd=tmp_path)
+    _wait_for(tmp_path / "train" / "metrics.parquet", process)  # step 1 finished: step 2 is running
+    time.sleep(random.Random(31).uniform(0, 1.0))
+    process.send_signal(signal.SIGUSR1)
+    checkpoints = tmp_path / "train" / "checkpoints"
+    while process.poll() is None and not list(checkpoints.glob("step-*")):
+        time.sleep(0.005)
+    if process.poll() is None:  # the checkpoint is being written (or was just renamed into place)
+        process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == PREEMPTED_EXIT, err
+    stopped = len(pq.read_table(tmp_path / "train" / "metrics.parquet"))
+    assert 1 <= stopped < 4  # the step the signal came in (or whose end it met) finished; the run stopped there
+    lines = [line for line in err.splitlines() if line.startswith("preempted by")]
+    assert lines == [f"preempted by SIGUSR1: stopped after step {stopped} of 4 and saved "
+                     f"{checkpoints / f'step-{stopped:06d}'}; continue with the same command plus train.resume=true "
+                     "(exit status 75)"], err
+    assert "Traceback" not in err and "error:" not in err
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"step-{stopped:06d}"]
+    manifest = json.loads((tmp_path / "train" / "manifest.json").read_text())
+    assert manifest["status"] == "preempted" and manifest["preempted"]["step"] == stopped
+    assert manifest["preempted"]["signal"] == "SIGUSR1"
+    log = finish(rredcot("train", f"run.dir={tmp_path}", *TINY, "train.resume=true", cwd=tmp_path))
+    assert f"from step {stopped} of 4" in " ".join(log.split())
+    assert result(tmp_path) == whole
+
+
+def test_an_unknown_preemption_signal_is_refused_in_one_line(tmp_path):
+    process = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", "train.preempt_signals=[SIGFOO]",
+                      cwd=tmp_path)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2
+    assert error_line(err) == ("error: train.preempt_signals: unknown signal 'SIGFOO'; use names such as SIGTERM, "
+                               "SIGUSR1, SIGUSR2, SIGINT")
+    assert not (tmp_path / "run").exists()
+
+
+def _children(pid):
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _rank_of(pid):
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next((int(e.split(b"=", 1)[1]) for e in environ if e.startswith(b"RANK=")), None)
+
+
+def test_the_slurm_script_requeues_a_signalled_torchrun_job_that_resumes(tmp_path):
+    """scripts/slurm/train.sbatch with stand-ins for srun and scontrol, one node, two ranks (gloo):
+    SIGUSR1 to the batch shell (Slurm's --signal=B:USR1@120) reaches both ranks, which stop after the
+    same step with one checkpoint; the script requeues the job; the requeued job resumes and finishes.
+    Then a signal to one rank only: the other rank stops after the same step too (the flag is
+    all-reduced at each step boundary)."""
+    import socket
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    requeued = tmp_path / "requeued"
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\nif [[ $1 == requeue ]]; then echo "$@" >> {requeued}; '
+                                      'else echo localhost; fi\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    env = {**ENV, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+           "RUN_DIR": str(run), "GPUS_PER_NODE": "2", "RDZV_PORT": str(port), "SLURM_JOB_NODELIST": "node1",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242"}
+    settings = [*TINY, "train.parallel=ddp", "backend.batch_size=4", "train.dist_timeout_s=120"]
+
+    def sbatch():
+        return subprocess.Popen(["bash", str(Path(REPO) / "scripts" / "slurm" / "train.sbatch"), *settings],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    job = sbatch()
+    _wait_for(run / "train" / "metrics.parquet", job)
+    job.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=600)
+    assert job.returncode == 0, out[-3000:] + err[-3000:]
+    assert requeued.read_text() == "requeue 4242\n"
+    manifest = json.loads((run / "train" / "manifest.json").read_text())
+    stopped = manifest["preempted"]["step"]
+    assert manifest["status"] == "preempted" and 1 <= stopped < 4
+    assert sorted(p.name for p in (run / "train" / "checkpoints").iterdir()) == [f"step-{stopped:06d}"]
+    assert err.count("preempted by SIGTERM") == 1, err  # rank 0 says it, once
+
+    out, err = sbatch().communicate(timeout=600)  # the requeued job
+    assert f"from step {stopped} of 4" in " ".join(err.split()), err[-3000:]
+    manifest = json.loads((run / "train" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and requeued.read_text() == "requeue 4242\n"
+    assert [row["step"] for row in pq.read_table(run / "train" / "metrics.parquet").to_pylist()] == [1, 2, 3, 4]
+
+    # One rank signalled: both stop after the same step (torchrun itself gets nothing).
+    other = tmp_path / "other"
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                 "-m", "rredcot_cli", "train", f"run.dir={other}", *settings], cwd=tmp_path, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(other / "train" / "metrics.parquet", launcher)
+    workers = {_rank_of(pid): pid for pid in _children(launcher.pid)}
+    os.kill(workers[1], signal.SIGUSR1)
+    out, err = launcher.communicate(timeout=600)
+    assert launcher.returncode != 0 and "exitcode  : 75" in err.replace("exitcode: ", "exitcode  : "), err[-3000:]
+    manifest = json.loads((other / "train" / "manifest.json").read_text())
+    assert manifest["status"] == "preempted" and manifest["preempted"]["signal"] == "a signal on another rank"
+    stopped = manifest["preempted"]["step"]
+    assert len(pq.read_table(other / "train" / "metrics.parquet")) == stopped
+    assert (other / "train" / "checkpoints" / f"step-{stopped:06d}" / "trainer_state.pt").is_file()
