@@ -54,10 +54,15 @@ def result(run):
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory):
+def whole_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("whole")
     finish(rredcot("train", f"run.dir={run}", *TINY, cwd=run))
-    expected = result(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def whole(whole_run):
+    expected = result(whole_run)
     assert [row["step"] for row in expected["metrics"]] == [1, 2, 3, 4]
     return expected
 
@@ -255,3 +260,18 @@ def test_the_slurm_script_requeues_a_signalled_torchrun_job_that_resumes(tmp_pat
     stopped = manifest["preempted"]["step"]
     assert len(pq.read_table(other / "train" / "metrics.parquet")) == stopped
     assert (other / "train" / "checkpoints" / f"step-{stopped:06d}" / "trainer_state.pt").is_file()
+
+
+# --------------------------------------------------------------------------- kills at any instant
+
+
+def test_three_kills_at_drawn_moments_resume_to_the_same_run(tmp_path, whole_run):
+    """bench/kill_anywhere.py with 3 SIGKILLs (the bench's 20-kill run: results/kill-anywhere/),
+    compared with the uninterrupted run of these settings."""
+    done = subprocess.run([sys.executable, str(Path(REPO) / "bench" / "kill_anywhere.py"), "--kills", "3", "--seed", "1",
+                           "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--reference", str(whole_run),
+                           "--", *TINY], env=ENV, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "kills-3-seed1.json").read_text())
+    assert report["kills"] == 3 and report["identical"] is True
+    assert all(r["leftover_temporaries"] == [] for r in report["rounds"])
