@@ -52,7 +52,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli.rng import derive_seed, seed_everything
-from rredcot_cli.store import artifacts, runs, train_rollouts
+from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
@@ -447,12 +447,13 @@ class Recorder:
     def __init__(self, out, trackers: list[str], cfg: DictConfig, is_main: bool, method: str, save_rollouts: int):
         self.out, self.is_main, self.method, self.save_rollouts = out, is_main, method, save_rollouts
         self.metrics_path = out.dir / "metrics.parquet"
+        self.metrics = metrics_log.MetricsLog(self.metrics_path)  # converts only each step's new row
         self.trackers = _open_trackers(trackers, cfg, out) if is_main else tracking.Trackers([])
 
     def write(self, step: int, history: list[dict], result: StepResult) -> None:
         if not self.is_main:
             return
-        artifacts.write_artifact("train_metrics", history, self.metrics_path)
+        self.metrics.write(history)
         self.trackers.log(result.row, step)
         if result.learned and train_rollouts.is_due(step, self.save_rollouts):
             learned = result.learned
