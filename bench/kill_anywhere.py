@@ -215,13 +215,16 @@ def main() -> int:
         "study": "kill-anywhere", "seed": args.seed, "kills": len(kills), "missed_targets": missed,
         "rounds": rounds, "identical": all(r["identical"] for r in rounds),
         "kills_by_target": {t: sum(k["target"] == t for k in kills) for t in TARGETS},
+        # (temporaries seen at startup are the killed attempt's, not being written: not counted)
         "kills_with_a_checkpoint_being_written": sum(any("checkpoints/step-" in p and "pruned" not in p
-                                                         for p in k["temporaries"]) for k in kills),
-        "kills_while_pruning": sum(any(p.endswith("tmp-pruned") for p in k["temporaries"]) for k in kills),
+                                                         for p in k["temporaries"]) for k in kills if k["phase"]),
+        "kills_while_pruning": sum(any(p.endswith("tmp-pruned") for p in k["temporaries"])
+                                   for k in kills if k["phase"]),
         "kills_with_an_artifact_being_written": sum(any(".parquet.tmp-" in p or "rollouts/step-" in p
-                                                        for p in k["temporaries"]) for k in kills),
-        "kills_by_phase": {p: sum(k["phase"] == f"begin {p}" for k in kills)
-                           for p in sorted({k["phase"].split(" ")[-1] for k in kills if k["phase"]})},
+                                                        for p in k["temporaries"]) for k in kills if k["phase"]),
+        # the phase file's last line at the kill: "begin update" (inside it), "end refresh" (after it,
+        # between phases: the step's bookkeeping, writes, checkpoint), "" (before the first phase: startup)
+        "kills_by_phase": {p or "startup": sum(k["phase"] == p for k in kills) for p in sorted({k["phase"] for k in kills})},
         "kill_log": kills, "settings": [*overrides, *KILLED_RUN], "reference_seconds": round(reference_seconds, 1),
         "seconds": round(time.monotonic() - began, 1), "machine": platform.platform(), "cpus": os.cpu_count(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

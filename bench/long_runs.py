@@ -1,8 +1,8 @@
 """Does a long ``rredcot train`` stay flat? Per step: the time spent writing the metrics (the
-``train_metrics`` artifact writes of the loop), the process's resident memory, and the size of the
+loop's ``Recorder.write``: metrics.parquet, trackers, saved rollouts), the process's resident memory, and the size of the
 checkpoint's trainer state; then the least-squares slope of each against the step (issue 31).
 
-Runs the CLI in this process with ``artifacts.write_artifact`` and ``checkpoint.save`` wrapped (timed;
+Runs the CLI in this process with ``Recorder.write`` and ``checkpoint.save`` wrapped (timed;
 nothing else changes), on the embedded model with tiny batches, and writes JSON to ``--out``
 (default results/long-runs/):
 
@@ -50,22 +50,11 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from rredcot_cli.store import artifacts
     from rredcot_cli.train import checkpoint
 
     per_step: dict[int, dict] = {}
     checkpoints: list[dict] = []
-    real_write, real_save = artifacts.write_artifact, checkpoint.save
-
-    def timed_write(kind, columns, path, *a, **k):
-        began = time.perf_counter()
-        out = real_write(kind, columns, path, *a, **k)
-        if kind == "train_metrics":
-            step = len(columns) if isinstance(columns, list) else None
-            entry = per_step.setdefault(step, {"step": step, "write_seconds": 0.0})
-            entry["write_seconds"] += time.perf_counter() - began
-            entry["rss_mb"] = rss_mb()
-        return out
+    real_save = checkpoint.save
 
     def timed_save(path, state, parts, config_hash):
         began = time.perf_counter()
@@ -73,11 +62,18 @@ def main() -> int:
         size = (Path(path) / checkpoint.STATE_FILE).stat().st_size if (Path(path) / checkpoint.STATE_FILE).exists() else None
         checkpoints.append({"step": state.step, "seconds": time.perf_counter() - began, "trainer_state_bytes": size})
 
-    artifacts.write_artifact, checkpoint.save = timed_write, timed_save
     import rredcot_cli.train.loop as loop
 
-    loop.artifacts.write_artifact = timed_write
-    loop.checkpoint.save = timed_save
+    real_record = loop.Recorder.write
+
+    def timed_record(self, step, history, result):  # the loop's per-step writes (metrics, trackers, rollouts)
+        began = time.perf_counter()
+        real_record(self, step, history, result)
+        per_step[step] = {"step": step, "write_seconds": time.perf_counter() - began, "rss_mb": rss_mb(),
+                          "history_rows": len(history)}
+
+    loop.Recorder.write = timed_record
+    checkpoint.save = loop.checkpoint.save = timed_save
 
     from rredcot_cli.cli import app
 
