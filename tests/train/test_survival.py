@@ -177,11 +177,14 @@ def test_a_preemption_signal_finishes_the_step_checkpoints_and_resumes_to_the_sa
 
 
 def test_an_unknown_preemption_signal_is_refused_in_one_line(tmp_path):
-    process = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", "train.preempt_signals=[SIGFOO]",
-                      cwd=tmp_path)
-    _, err = process.communicate(timeout=300)
-    assert process.returncode == 2
-    assert error_line(err) == ("error: train.preempt_signals: unknown signal 'SIGFOO'; use names such as SIGTERM, "
+    from typer.testing import CliRunner
+
+    from rredcot_cli.cli import app
+
+    done = CliRunner().invoke(app, ["train", f"run.dir={tmp_path / 'run'}", "experiment=quick",
+                                    "train.preempt_signals=[SIGFOO]"])
+    assert done.exit_code == 2
+    assert error_line(done.stderr) == ("error: train.preempt_signals: unknown signal 'SIGFOO'; use names such as SIGTERM, "
                                "SIGUSR1, SIGUSR2, SIGINT")
     assert not (tmp_path / "run").exists()
 
