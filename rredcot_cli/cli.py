@@ -29,7 +29,7 @@ from typer import core
 from typer.core import TyperCommand
 
 from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
-from rredcot_cli.errors import RredcotError, one_line, os_error_message
+from rredcot_cli.errors import PREEMPTED_EXIT, Preempted, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",
@@ -181,6 +181,10 @@ def _one_line_errors() -> Iterator[None]:
     own path): the machine's problem (disk full, permissions), not a bug, so no traceback."""
     try:
         yield
+    except Preempted as e:  # a checkpoint was written; the job script requeues on this status
+        if str(e):
+            typer.echo(one_line(e), err=True)
+        raise typer.Exit(code=PREEMPTED_EXIT) from None
     except RredcotError as e:
         _discard_unstarted_stages()
         typer.echo(f"error: {one_line(e)}", err=True)

@@ -26,12 +26,39 @@ class StorageError(RredcotError, OSError):
 
     Raised instead of the bare ``OSError`` so the user sees which path failed and what to do;
     every write is atomic, so outputs finished before the failure are intact. Also an
-    ``OSError``, so code that handles I/O failures keeps catching it.
+    ``OSError``, so code that handles I/O failures keeps catching it. ``problem`` is the message
+    without its last clause, ``kept`` (what is left on disk); a stage that knows better what is
+    kept says so with ``keeping`` (train: the last complete checkpoint).
     """
+
+    def __init__(self, problem: str, kept: str | None = None, errno: int | None = None) -> None:
+        super().__init__(f"{problem}; {kept}" if kept else problem)
+        self.problem, self.kept, self.errno = problem, kept, errno
+
+    def keeping(self, kept: str) -> "StorageError":
+        """The same failure, saying ``kept`` about what is left."""
+        return StorageError(self.problem, kept, self.errno)
+
+    def __reduce__(self):  # pickled to the other ranks by DataParallel.on_main
+        return StorageError, (self.problem, self.kept, self.errno)
 
 
 class TrainingError(RredcotError):
     """Training cannot go on (e.g. too many non-finite updates in a row)."""
+
+
+# EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry". Job scripts requeue on it.
+PREEMPTED_EXIT = 75
+
+
+class Preempted(Exception):
+    """``rredcot train`` stopped on a preemption signal after writing a checkpoint
+    (rredcot_cli/train/preemption.py): not an error; the CLI prints the message (one line; "" on the
+    ranks that print nothing) and exits with status ``PREEMPTED_EXIT``."""
+
+    def __init__(self, message: str, step: int, signal_name: str) -> None:
+        super().__init__(message)
+        self.step, self.signal_name = step, signal_name
 
 
 def one_line(message: object) -> str:
@@ -39,13 +66,18 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
+ENOSPC, EDQUOT = 28, 122
 _OS_ERROR_HINTS = {
-    28: "the disk is full; free space or point run.dir at another disk",  # ENOSPC
-    122: "the disk quota is exceeded; free space or point run.dir elsewhere",  # EDQUOT
+    ENOSPC: "the disk is full; free space or point run.dir at another disk",
+    EDQUOT: "the disk quota is exceeded; free space or point run.dir elsewhere",
     13: "no permission; choose a writable run.dir",  # EACCES
     1: "no permission; choose a writable run.dir",  # EPERM
     30: "the file system is read-only; choose a writable run.dir",  # EROFS
 }
+KEPT = "outputs finished before this were kept"
+# How libraries that do not raise an OSError (safetensors' Rust writer) say the disk is full.
+_FULL_DISK_TEXTS = {ENOSPC: ("No space left on device", "os error 28", "StorageFull"),
+                    EDQUOT: ("Disk quota exceeded", "os error 122", "QuotaExceeded")}
 
 
 def os_error_message(exc: OSError, path: object = None, writing: bool | None = None) -> str:
@@ -55,12 +87,56 @@ def os_error_message(exc: OSError, path: object = None, writing: bool | None = N
     read-only file system) what to do. ``writing`` says "cannot write" (None: only for the
     errors that come from writing).
     """
-    where = path if path is not None else (exc.filename or "a file")
-    reason = exc.strerror or one_line(exc) or type(exc).__name__
-    hint = _OS_ERROR_HINTS.get(exc.errno or -1)
+    error = storage_error(exc, path, writing=writing)
+    return str(error)
+
+
+def full_disk_errno(exc: BaseException) -> int | None:
+    """ENOSPC or EDQUOT when ``exc`` (or an exception it was raised from) says the disk or quota is
+    full, as an ``OSError`` errno or in the text of a library's own error; else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (ENOSPC, EDQUOT):
+            return exc.errno
+        text = str(exc)
+        for number, markers in _FULL_DISK_TEXTS.items():
+            if any(marker in text for marker in markers):
+                return number
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def human_bytes(count: float) -> str:
+    """``1536`` -> ``1.5 kB``; decimal units, as ``df -H`` prints them."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def storage_error(exc: BaseException, path: object = None, *, writing: bool | None = None,
+                  needed: str | None = None, free: int | None = None, errno: int | None = None) -> StorageError:
+    """The one-line ``StorageError`` for a failed write of ``path`` (default: the error's filename).
+
+    ``errno`` overrides the error's own (e.g. ENOSPC for a library error that only says it in
+    text); for a full disk ``needed`` (e.g. "about 1.2 GB", "at least 3.0 MB") and ``free`` (bytes
+    free on that file system) are named when known.
+    """
+    errno = errno or full_disk_errno(exc) or getattr(exc, "errno", None)
+    where = path if path is not None else (getattr(exc, "filename", None) or "a file")
+    reason = ("No space left on device" if errno == ENOSPC else "Disk quota exceeded" if errno == EDQUOT
+              else getattr(exc, "strerror", None) or one_line(exc) or type(exc).__name__)
+    hint = _OS_ERROR_HINTS.get(errno or -1)
     if writing is None:
         writing = hint is not None
-    message = f"cannot write {where}: {reason}" if writing else f"{where}: {reason}"
-    if hint:
-        message += f" ({hint}); outputs finished before this were kept"
-    return one_line(message)
+    problem = f"cannot write {where}: {reason}" if writing else f"{where}: {reason}"
+    if not hint:
+        return StorageError(one_line(problem), None, errno)
+    if errno in (ENOSPC, EDQUOT) and (needed or free is not None):
+        what, todo = hint.split("; ", 1)
+        space = ", ".join(filter(None, [f"{needed} needed" if needed else None,
+                                        f"{human_bytes(free)} free there" if free is not None else None]))
+        hint = f"{what}: {space}; {todo}"
+    return StorageError(one_line(f"{problem} ({hint})"), KEPT, errno)

@@ -236,6 +236,11 @@ class TrainConfig:
     # Continue an unfinished run in this run dir from its latest checkpoints/step-N (same options
     # required; starts from scratch when there is none). Not part of the config hash.
     resume: bool = False
+    # Signals that stop the run gracefully (rredcot_cli/train/preemption.py): finish the step in
+    # progress, write checkpoints/step-N, print one line, exit with status 75 (EX_TEMPFAIL); under
+    # torchrun every rank stops after the same step. Slurm sends SIGTERM at preemption and the
+    # signal of --signal=USR1@90 before the time limit. []: the signals keep their default. Not hashed.
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     # Stop the run when this many policy updates in a row had a non-finite (NaN/inf) loss or
     # gradient; each is skipped (weights untouched) and logged. 0: never stop. Not hashed.
     max_nonfinite_updates: int = 3
@@ -442,7 +447,7 @@ class Config:
 EXECUTION_KEYS: frozenset = frozenset({
     "train.resume", "train.max_nonfinite_updates", "train.micro_batch_size", "train.micro_batch_tokens",
     "train.logprob_chunk_tokens", "train.gradient_checkpointing", "train.parallel", "train.dist_timeout_s",
-    "train.save_every", "train.save_rollouts", "train.keep_checkpoints", "train.step",
+    "train.save_every", "train.save_rollouts", "train.keep_checkpoints", "train.step", "train.preempt_signals",
     "backend.num_threads", "backend.kv_cache_gb", "backend.max_model_len", "backend.sleep_mode",
     "backend.sync_check_atol",
     "benchmark.verify_timeout_s",

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rredcot_cli.errors import RredcotError, StorageError, os_error_message
+from rredcot_cli.errors import RredcotError, StorageError, full_disk_errno, human_bytes, os_error_message, storage_error
 
 PACKAGE_SCHEME = "pkg://"
 GGUF_SUFFIX = ".gguf"
@@ -125,9 +125,14 @@ def convert_gguf(gguf_path: str | Path, *, on_progress=None) -> Path:
             # Another process finished the same conversion first: keep its folder.
             if not (target / CONVERTED_MARKER).is_file():
                 raise
-    except OSError as error:
-        raise StorageError(os_error_message(error, target, writing=True) + "; nothing was cached, the next "
-                           "run converts again") from error
+    except Exception as error:
+        # A full disk or quota (OSError, or safetensors' own error saying so), no permission...
+        if not isinstance(error, OSError) and full_disk_errno(error) is None:
+            raise  # a bug keeps its traceback
+        written = sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
+        free = shutil.disk_usage(target.parent).free if full_disk_errno(error) else None
+        raise storage_error(error, target, writing=True, needed=f"at least {human_bytes(written)}" if written else None,
+                            free=free).keeping("nothing was cached, the next run converts again") from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target

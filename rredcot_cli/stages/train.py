@@ -22,7 +22,7 @@ from rich.table import Table
 from rredcot_cli.store import artifacts, runs, train_rollouts
 
 from rredcot_cli.train import distributed, tracking
-from rredcot_cli.errors import TrainingError
+from rredcot_cli.errors import Preempted, StorageError, TrainingError
 from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import console, method_and_params
 from rredcot_cli.train.loop import Fitted, Trainer
@@ -44,16 +44,35 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         return
     trainer = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
                       hyper=update_hyper(cfg, precision.name), trackers=trackers)
-    fitted = trainer.fit()
-    weight_sync = _weight_sync_record(trainer.policy.backend, parallel)
-    if parallel.is_main:  # rank 0 writes every artifact
-        _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
+    try:
+        fitted = trainer.fit()
+        weight_sync = _weight_sync_record(trainer.policy.backend, parallel)
+        if parallel.is_main:  # rank 0 writes every artifact
+            _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
+    except StorageError as e:  # a full disk mid-run: say what a resume starts from
+        raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
+    except Preempted as e:  # a checkpoint of the last step was written (train/preemption.py)
+        if parallel.is_main:
+            out.stopped("preempted", step=e.step, signal=e.signal_name)
+        raise
     parallel.barrier()
     # A vLLM engine under torchrun lives in the job's process group and tears it down when it
     # shuts down: shut it down here, after the last collective, not at interpreter exit.
     if parallel.distributed and hasattr(trainer.policy.backend, "close"):
         trainer.policy.backend.close()
     parallel.close()
+
+
+def kept_for_resume(train_dir, save_every: int) -> str:
+    """What a train run that failed to write keeps, and how to continue it."""
+    from rredcot_cli.train.checkpoint import last_complete
+
+    found = last_complete(train_dir / "checkpoints")
+    if found is None:
+        return (f"no step checkpoint was complete yet (train.save_every={save_every}); free space and rerun "
+                "(with train.resume=true it starts over from step 0)")
+    return (f"the last complete checkpoint, step {int(found.name.split('-')[1])} ({found}), is kept; free space "
+            "and rerun with train.resume=true")
 
 
 def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
@@ -129,6 +148,7 @@ def _tracking_record(names: list[str], out) -> dict | None:
 def _check_options(t) -> None:
     """Refuse a misspelled or impossible train.* choice before any model is loaded."""
     from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
+    from rredcot_cli.train.preemption import signal_number
     from rredcot_cli.train.update import OLD_LOGPROBS
 
     choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
@@ -139,6 +159,11 @@ def _check_options(t) -> None:
             raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
     if 0 < t.clip_ratio_c <= 1:
         raise TrainingError(f"train.clip_ratio_c={t.clip_ratio_c}: the dual clip needs > 1 (verl: 3.0); 0 turns it off")
+    for name in t.preempt_signals:
+        try:
+            signal_number(name)
+        except ValueError as e:
+            raise TrainingError(str(e)) from None
     if t.dist_timeout_s <= 0:
         raise TrainingError(f"train.dist_timeout_s={t.dist_timeout_s}: must be > 0 seconds")
     for key in ("micro_batch_size", "logprob_chunk_tokens"):

@@ -324,11 +324,16 @@ def write_artifact(
 
     The file appears atomically: readers see the old file or the complete new one. Returns the path.
     """
+    return write_table(kind, build_table(kind, columns), path)
+
+
+def write_table(kind: str, table: pa.Table, path: str | Path) -> Path:
+    """Write ``table``, made by ``build_table(kind, ...)`` (not converted again), as a ``kind``
+    artifact at ``path``, atomically. Returns the path."""
     path = Path(path)
-    table = build_table(kind, columns)
     table = table.replace_schema_metadata({_KIND_METADATA_KEY: kind.encode()})
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, needed=table.nbytes) as tmp:  # in memory; Parquet compresses it
         pq.write_table(table, tmp)
     return path
 

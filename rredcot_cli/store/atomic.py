@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from rredcot_cli.errors import ArtifactError, StorageError, os_error_message
+from rredcot_cli.errors import EDQUOT, ENOSPC, ArtifactError, StorageError, full_disk_errno, human_bytes, storage_error
 
 
 def _fsync_dir(path: Path) -> None:
@@ -83,15 +83,58 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     return removed
 
 
+def _bytes_in(path: Path) -> int:
+    """Bytes a file or folder tree holds (0 when gone)."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size if path.exists() else 0
+    except OSError:
+        return 0
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+# A writer that fails with less than this free on its file system (and says nothing clearer) is
+# taken to have failed for want of space: torch.save reports a full disk as "unexpected pos".
+_NEARLY_FULL = 1 << 20
+
+
+def _storage_failure(error: BaseException, path: Path, tmp: Path, needed: int | None):
+    """``(errno, needed)`` when ``error``, raised while writing ``tmp`` for ``path``, is the
+    machine's doing (a full disk, no permission...): its errno (None: an ``OSError`` without a
+    hint) and, for a full disk, the bytes the write needs as text; None for anything else (a bug
+    keeps its traceback). Measured before the temporary is removed: what it held is a lower bound
+    of what the write needed."""
+    errno = full_disk_errno(error)
+    if errno is None and not isinstance(error, OSError):
+        free = _free_bytes(path.parent)
+        if free is None or free >= max(_NEARLY_FULL, needed or 0) or not isinstance(error, RuntimeError):
+            return None
+        errno = ENOSPC  # torch.save's "unexpected pos" / "file write failed" on a full disk
+    if errno not in (ENOSPC, EDQUOT):
+        return errno, None
+    written = _bytes_in(tmp)
+    return errno, (f"about {human_bytes(needed)}" if needed else f"at least {human_bytes(written)}" if written else None)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move what was written there into place.
 
     For writers that need a path (``pq.write_table``, ``model.save_pretrained``). The writer
     creates a file or a folder at the yielded path (``<name>.tmp-xxxx`` in the same folder).
     On success it is fsync'ed and renamed onto ``path`` (``os.replace`` for files; for folders
     the old folder is moved aside first and deleted after). On an exception the temporary is
-    removed and ``path`` is left as it was.
+    removed and ``path`` is left as it was; a full disk, no permission and the like (also when a
+    library says so in its own exception, as safetensors and torch.save do) become a one-line
+    ``StorageError`` naming ``path``, with ``needed`` (bytes the write takes, when the caller knows)
+    and the space left.
     """
     path = Path(path)
     try:
@@ -101,7 +144,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except StorageError:
         raise
     except OSError as e:
-        raise StorageError(os_error_message(e, path, writing=True)) from e
+        raise storage_error(e, path, writing=True, free=_free_bytes(path.parent) if full_disk_errno(e) else None) from e
     tmp = Path(name)
     tmp.unlink()  # the writer creates it (as a file or a folder)
     try:
@@ -120,22 +163,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         else:
             os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except StorageError:
-        _remove(tmp)
-        raise
-    except OSError as e:
+    except BaseException as e:
         # Disk full, no permission...: name the file the user asked for, not the temporary.
+        failure = (_storage_failure(e, path, tmp, needed)
+                   if isinstance(e, Exception) and not isinstance(e, StorageError) else None)
         _remove(tmp)
-        raise StorageError(os_error_message(e, path, writing=True)) from e
-    except BaseException:
-        _remove(tmp)
-        raise
+        if failure is None:
+            raise
+        errno, wanted = failure
+        free = _free_bytes(path.parent) if errno in (ENOSPC, EDQUOT) else None  # once the temporary is gone
+        raise storage_error(e, path, writing=True, needed=wanted, free=free, errno=errno) from e
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, needed=len(data)) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
     return path

@@ -35,6 +35,7 @@ from rredcot_cli import __version__
 from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_write_bytes,  # noqa: F401
                                 atomic_write_text, remove_stale_temporaries)
 from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
+from rredcot_cli.store.lock import LOCK_FILE, lock_stage_folder, release
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -183,6 +184,12 @@ class StageOutput:
         )
         _write_manifest(self.dir, self.manifest)
 
+    def stopped(self, status: str, **info: Any) -> None:
+        """Record that the stage stopped unfinished on purpose (``status``, e.g. "preempted", with
+        ``info`` and the time under that name); like "running" it is resumed, never read as done."""
+        self.manifest.update(status=status, **{status: {**info, "at": _now()}})
+        _write_manifest(self.dir, self.manifest)
+
 
 def _differing_keys(folder: Path, cfg: DictConfig, keys: list[str]) -> list[str] | None:
     """Top-level ``keys`` whose values differ between ``folder/config.yaml`` and ``cfg``."""
@@ -323,6 +330,15 @@ def begin_stage(
     check_input_provenance(cfg, stage, keys, input_records)
     stage_hash = _stage_hash(cfg, keys, input_records)
 
+    created = [p for p in [folder, *folder.parents] if not p.exists()]  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(os_error_message(e, folder, writing=True)) from e
+    if created:
+        _FRESH_STAGES.append((folder, created))
+    lock_stage_folder(folder)  # before reading the manifest: one writer per stage folder
+
     old = read_manifest(folder)
     continuing = False
     if old is not None and not cfg.run.overwrite:
@@ -358,13 +374,6 @@ def begin_stage(
         continuing = same and resume
         # Same options, but the last attempt did not finish: run (or, resuming, continue) it.
 
-    created = [p for p in [folder, *folder.parents] if not p.exists()]  # deepest first
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StorageError(os_error_message(e, folder, writing=True)) from e
-    if created:
-        _FRESH_STAGES.append((folder, created))
     remove_stale_temporaries(folder)
     atomic_write_text(folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_text(folder / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
@@ -399,7 +408,7 @@ def _holds_nothing(path: Path, top: bool = True) -> bool:
         if entry.is_dir() and not entry.is_symlink():
             if not _holds_nothing(entry, top=False):
                 return False
-        elif not (top and entry.name in (CONFIG_FILE, OVERRIDES_FILE, MANIFEST)):
+        elif not (top and entry.name in (CONFIG_FILE, OVERRIDES_FILE, MANIFEST, LOCK_FILE)):
             return False
     return True
 
@@ -416,6 +425,7 @@ def discard_unstarted_stages() -> list[Path]:
         manifest = read_manifest(folder) if folder.is_dir() else None
         if manifest is None or manifest.get("status") != "running" or not _holds_nothing(folder):
             continue
+        release(folder)
         try:
             shutil.rmtree(folder)
             for parent in created[1:]:

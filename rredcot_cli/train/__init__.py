@@ -7,5 +7,6 @@
 - ``rredcot_cli.train.precision``, ``trainable``, ``distributed``: dtypes and optimizer steps, the
   trained weights (LoRA, reference), data parallelism;
 - ``rredcot_cli.train.steptime``, ``tracking``: where a step's time goes, experiment trackers;
+- ``rredcot_cli.train.preemption``: a signal stops the run after its step, with a checkpoint;
 - ``rredcot_cli.train.sft``: supervised fine-tuning of the tiny model.
 """

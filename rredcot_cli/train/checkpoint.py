@@ -115,11 +115,37 @@ def save(path: Path, state: TrainState, parts: Stateful, config_hash: str) -> No
         KEY_CRITIC: None if parts.critic is None else parts.critic.state_dict(),
         KEY_LOSS_SCALER: parts.stepper.state_dict(),
     }
-    with runs.atomic_path(path) as tmp:
+    with runs.atomic_path(path, needed=_state_bytes(parts.plain.state_dict(), optimizer_state)) as tmp:
         trainable.save_trained_weights(parts.plain, tmp)
         parts.tokenizer.save_pretrained(tmp)
         torch.save(saved, tmp / STATE_FILE)
     parts.parallel.barrier()
+
+
+def _state_bytes(*states: Any) -> int:
+    """Bytes of the tensors in nested dicts/lists (what a checkpoint writes, give or take its
+    headers; tied weights count once)."""
+    seen, total, stack = set(), 0, list(states)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            key = (item.data_ptr(), item.numel(), item.dtype) if item.device.type != "meta" else id(item)
+            if key not in seen:
+                seen.add(key)
+                total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def last_complete(checkpoints: Path) -> Path | None:
+    """The highest ``step-N`` folder holding a trainer state (what ``train.resume=true`` takes,
+    config hash aside), or None."""
+    found = [(int(m.group(1)), folder) for folder in (checkpoints.iterdir() if checkpoints.is_dir() else [])
+             if (m := _STEP_FOLDER.fullmatch(folder.name)) and (folder / STATE_FILE).is_file()]
+    return max(found)[1] if found else None
 
 
 def latest(checkpoints: Path, config_hash: str) -> dict | None:

@@ -52,8 +52,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli.rng import derive_seed, seed_everything
-from rredcot_cli.store import artifacts, runs, train_rollouts
-from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable
+from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
+from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
@@ -238,7 +238,8 @@ class Trainer:
         t = self.t
         self._start()
         first_step = self.state.step + 1
-        with progress_bar(f"train {self.spec.name}", total=t.steps) as advance:
+        with progress_bar(f"train {self.spec.name}", total=t.steps) as advance, \
+                preemption.Preemption(t.preempt_signals) as preempt:
             advance(first_step - 1)
             for step in range(first_step, t.steps + 1):
                 result = self.step(step)
@@ -248,8 +249,11 @@ class Trainer:
                 self.state.step = step
                 self.recorder.write(step, self.state.history, result)
                 self._count_skipped(step, result.stats)
-                if t.save_every and step % t.save_every == 0 and step != t.steps:
+                stop = step != t.steps and preempt.due(self.parallel)  # a signal: checkpoint now, then stop
+                if step != t.steps and (stop or (t.save_every and step % t.save_every == 0)):
                     self.checkpoint(step)
+                if stop:
+                    raise preempt.stop(step, t.steps, self.checkpoints / f"step-{step:06d}", self.parallel.is_main)
                 advance(1, info=_progress_info(result.row, result.tokens))
         return self._finish()
 
@@ -443,12 +447,13 @@ class Recorder:
     def __init__(self, out, trackers: list[str], cfg: DictConfig, is_main: bool, method: str, save_rollouts: int):
         self.out, self.is_main, self.method, self.save_rollouts = out, is_main, method, save_rollouts
         self.metrics_path = out.dir / "metrics.parquet"
+        self.metrics = metrics_log.MetricsLog(self.metrics_path)  # converts only each step's new row
         self.trackers = _open_trackers(trackers, cfg, out) if is_main else tracking.Trackers([])
 
     def write(self, step: int, history: list[dict], result: StepResult) -> None:
         if not self.is_main:
             return
-        artifacts.write_artifact("train_metrics", history, self.metrics_path)
+        self.metrics.write(history)
         self.trackers.log(result.row, step)
         if result.learned and train_rollouts.is_due(step, self.save_rollouts):
             learned = result.learned

@@ -19,13 +19,16 @@ Where they write, with no network needed:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
+import shutil
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from rredcot_cli.errors import RredcotError
+from rredcot_cli.errors import RredcotError, full_disk_errno, storage_error
 
 # tracker name -> the module it needs (its pip extra is the tracker's name)
 LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
@@ -58,22 +61,55 @@ def run_id(train_dir: Path, created: str) -> str:
 
 
 class Trackers:
-    """The chosen trackers as one: ``log(metrics, step)`` and ``close()``; no trackers: no-ops."""
+    """The chosen trackers as one: ``log(metrics, step)`` and ``close()``; no trackers: no-ops.
+    A tracker whose local store cannot be written for want of space (its library's error says so)
+    stops the run with a one-line ``StorageError`` naming ``folder`` (the train folder its store is in)."""
 
-    def __init__(self, adapters: list[Any]) -> None:
+    def __init__(self, adapters: list[Any], folder: Path | None = None) -> None:
         self._adapters = adapters
+        self._folder = folder
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         scalars = {k: float(v) for k, v in metrics.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
                    and math.isfinite(float(v))}
         for adapter in self._adapters:
-            adapter.log(scalars, step)
+            with self._full_disk_is_one_line(adapter):
+                adapter.log(scalars, step)
 
     def close(self) -> None:
-        for adapter in self._adapters:
-            adapter.close()
-        self._adapters = []
+        adapters, self._adapters = self._adapters, []
+        for adapter in adapters:
+            with self._full_disk_is_one_line(adapter):
+                adapter.close()
+
+    @contextlib.contextmanager
+    def _full_disk_is_one_line(self, adapter: Any):
+        try:
+            yield
+        except Exception as e:
+            if full_disk_errno(e) is None:
+                raise
+            _quiet_full_disk_in_threads()  # the library's writer thread fails the same way: one line is enough
+            with contextlib.suppress(Exception):
+                adapter.close()
+            self._adapters = [a for a in self._adapters if a is not adapter]
+            name = next((n for n, cls in _ADAPTERS.items() if isinstance(adapter, cls)), type(adapter).__name__)
+            where = f"the {name} store in {self._folder}" if self._folder else f"the {name} store"
+            free = shutil.disk_usage(self._folder).free if self._folder and self._folder.exists() else None
+            raise storage_error(e, where, writing=True, free=free) from e
+
+
+def _quiet_full_disk_in_threads() -> None:
+    """From now on a background thread that dies of a full disk (tensorboard's event writer) prints
+    nothing: the run is stopping with a one-line error saying so."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:  # noqa: ANN001 - threading.ExceptHookArgs
+        if args.exc_value is None or full_disk_errno(args.exc_value) is None:
+            previous(args)
+
+    threading.excepthook = hook
 
 
 def open_trackers(names: list[str], folder: Path, *, config: dict, run_id: str, run_name: str) -> Trackers:
@@ -86,7 +122,7 @@ def open_trackers(names: list[str], folder: Path, *, config: dict, run_id: str, 
     except ImportError as e:
         Trackers(adapters).close()
         raise TrackingError(f"tracking: {name} cannot be imported ({e}); pip install \"rredcot[{name}]\"") from e
-    return Trackers(adapters)
+    return Trackers(adapters, Path(folder))
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
