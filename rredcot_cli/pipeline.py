@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Callable, Iterable
 
 import torch
@@ -24,6 +25,14 @@ from rredcot_cli.rng import derive_seed
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
     for index, start in enumerate(range(0, len(items), max(1, size))):
         yield index, items[start : start + size]
+
+
+def prompts_per_call(batch_size: int, n: int) -> int:
+    """How many prompts one generate() call takes so that prompts x n fits the batch size;
+    ``batch_size`` 0 (or less): all of them, in one call (``sys.maxsize``)."""
+    if batch_size <= 0:
+        return sys.maxsize
+    return max(1, batch_size // max(1, n))
 
 
 def sample_rows(

@@ -149,12 +149,13 @@ def check_forced_answer(cfg: DictConfig) -> None:
     benchmark=jsonl with extractor=regex or none, whose answers have no fixed wording)."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.stages.common import make_benchmark, method_and_params
+    from rredcot_cli.benchmarks import benchmark_from_settings
+    from rredcot_cli.methods import method_and_params
 
-    spec, params = method_and_params(cfg)
+    spec, params = method_and_params(OmegaConf.to_container(cfg.method, resolve=True))
     if not spec.scores_forced_answer(params) or params.get("probe_template"):
         return
-    if getattr(make_benchmark(cfg), "ANSWER_PROBE", None):
+    if getattr(benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True)), "ANSWER_PROBE", None):
         return
     value = " with method.value=answer_probe" if "value" in params else ""
     extractor = OmegaConf.select(cfg, "benchmark.extractor")
@@ -183,10 +184,12 @@ def _check_critic_init(stage: str, cfg: DictConfig) -> None:
 def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
     """The benchmark can be built (a known name; no path for a generated one) and, for a local
     ``benchmark.path``, the file exists and is not empty, or the folder holds every split's file."""
-    from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS
-    from rredcot_cli.stages.common import make_benchmark
+    from omegaconf import OmegaConf
 
-    make_benchmark(cfg)  # unknown names, a path for a generated benchmark: one line each
+    from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS, benchmark_from_settings
+
+    # unknown names, a path for a generated benchmark: one line each
+    benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
     path = cfg.benchmark.path
     if path is None or cfg.benchmark.name in SYNTHETIC_BENCHMARKS:
         return

@@ -110,6 +110,15 @@ def _keywords(factory: Callable, name: str, settings: dict[str, Any], options: d
     return {**chosen, **options}
 
 
+def benchmark_from_settings(settings: dict[str, Any]) -> Benchmark:
+    """The benchmark of a resolved ``benchmark.*`` config group (a plain dict): every setting but
+    the name and the splits goes to ``make_benchmark``, which hands each constructor the ones it takes."""
+    settings = dict(settings)
+    for key in ("train_split", "eval_split"):
+        settings.pop(key, None)
+    return make_benchmark(settings.pop("name"), **settings)
+
+
 def make_benchmark(
     name: str,
     *,

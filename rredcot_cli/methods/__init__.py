@@ -104,3 +104,9 @@ def get_method(name: str) -> MethodSpec:
             raise KeyError(f"unknown method {name!r}; valid: {', '.join(method_names())}")
         _load_entry_point(name)
     return _REGISTRY[name]
+
+
+def method_and_params(settings: dict) -> tuple[MethodSpec, dict]:
+    """The registry entry of a resolved ``method.*`` config group (a plain dict) and its
+    hyper-parameters as plain kwargs (every key but the name)."""
+    return get_method(settings["name"]), {k: v for k, v in settings.items() if k != "name"}

@@ -11,8 +11,8 @@ import time
 from omegaconf import DictConfig
 
 from rredcot_cli.store import artifacts, runs
+from rredcot_cli.console import console
 from rredcot_cli.stages.common import (
-    console,
     make_benchmark,
     make_collaborators,
     make_policy,

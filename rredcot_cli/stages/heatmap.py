@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 from rredcot_cli.store import artifacts, runs
 from rredcot_cli.config.compose import ConfigError
 from rredcot_cli.errors import ArtifactError
-from rredcot_cli.stages.common import console, table_rows
+from rredcot_cli.console import console
+from rredcot_cli.stages.common import table_rows
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:

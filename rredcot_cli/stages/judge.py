@@ -37,12 +37,11 @@ from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
 from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file, config_hash
 from rredcot_cli.errors import ArtifactError, one_line
+from rredcot_cli.console import console, progress_bar
 from rredcot_cli.stages.common import (
-    console,
     make_benchmark,
     make_collaborators,
     make_policy,
-    progress_bar,
     read_segmented_samples,
     warn_if_untrained_critic,
 )

@@ -8,7 +8,9 @@ from omegaconf import DictConfig
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call
+from rredcot_cli.console import console, progress_bar
+from rredcot_cli.pipeline import prompts_per_call
+from rredcot_cli.stages.common import make_benchmark, make_policy
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "sample"]
 

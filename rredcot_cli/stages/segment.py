@@ -5,7 +5,8 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.stages.common import console, make_policy, segmenter_and_kwargs, table_rows
+from rredcot_cli.console import console
+from rredcot_cli.stages.common import make_policy, segmenter_and_kwargs, table_rows
 
 CONFIG_KEYS = ["segment", "model"]  # the tokenizer decides the token texts; the model, entropies
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from rredcot_cli.errors import RredcotError
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import runs
-from rredcot_cli.stages.common import console
+from rredcot_cli.console import console
 
 CONFIG_KEYS = ["seed", "benchmark", "sft"]
 

@@ -1,7 +1,8 @@
 """`rredcot train`: the policy loop (the algorithm and its launch lines: rredcot_cli/train/loop.py).
 
-This file turns the config into settings (the update's hyper-parameters, the precision, the
-data-parallel group, the trackers), begins the stage (``runs.begin_stage``: the run folder, its
+This file turns the config into settings (the loop's ``TrainSettings``, the update's
+hyper-parameters, the precision, the data-parallel group, the trackers), builds the benchmark, the
+policy and the credit method, begins the stage (``runs.begin_stage``: the run folder, its
 manifest and config hash; ``train.resume=true`` continues an unfinished attempt), runs
 ``Trainer(...).fit()``, and on rank 0 writes the results (metrics.parquet, eval.parquet,
 summary.json), finishes the stage and prints the before/after table.
@@ -16,16 +17,18 @@ from __future__ import annotations
 
 import json
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
+from rredcot_cli.console import console
+from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, runs, train_rollouts
 
-from rredcot_cli.train import distributed, tracking
+from rredcot_cli.train import distributed, tracking, trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.train.precision import resolve_precision
-from rredcot_cli.stages.common import console, method_and_params
-from rredcot_cli.train.loop import Fitted, Trainer
+from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
+from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
 from rredcot_cli.train.update import UpdateHyper, old_from_sampler
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
@@ -42,12 +45,28 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                                     keys=config_keys(spec), resume=t.resume))
     if out is None:
         return
-    fitted = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
+    segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
+    settings = train_settings(cfg, segment_kwargs)
+    seed_everything(cfg.seed)
+    fitted = Trainer(settings, benchmark=make_benchmark(cfg), policy=make_policy(cfg), spec=spec, params=params,
+                     segmenter=segmenter, out=out, parallel=parallel, precision=precision,
                      hyper=update_hyper(cfg, precision.name), trackers=trackers).fit()
     if parallel.is_main:  # rank 0 writes every artifact
         _write_results(spec.name, t.steps, out, fitted, trackers)
     parallel.barrier()
     parallel.close()
+
+
+def train_settings(cfg: DictConfig, segment_kwargs: dict) -> TrainSettings:
+    """What the loop reads from the config, as typed settings (the schema's dataclasses)."""
+    lora = cfg.model.lora
+    return TrainSettings(
+        seed=cfg.seed, train=OmegaConf.to_object(cfg.train), sampling=OmegaConf.to_object(cfg.sampling),
+        critic=OmegaConf.to_object(cfg.critic), train_split=cfg.benchmark.train_split,
+        eval_split=cfg.benchmark.eval_split, backend_batch_size=cfg.backend.batch_size,
+        segment_rule=cfg.segment.name, segment_kwargs=segment_kwargs,
+        lora=trainable.LoraSettings(**OmegaConf.to_container(lora)) if lora.r > 0 else None,
+        save_dtype=cfg.model.dtype, tracked_config=OmegaConf.to_container(cfg, resolve=True))
 
 
 def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:

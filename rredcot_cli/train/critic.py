@@ -36,8 +36,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from rredcot_cli.config.compose import ConfigError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from rredcot_cli.config.schema import CriticConfig
 
 
 @dataclass
@@ -370,6 +374,25 @@ class ValueCritic:
                              f"unexpected {unexpected[:3]} ({len(unexpected)}), shape mismatch {shapes[:3]}")
         self.module.load_state_dict(weights, strict=True)  # copies into the existing device/dtype
 
+
+def build_critic(settings: CriticConfig, policy, seed: int) -> ValueCritic:
+    """A ``ValueCritic`` on a copy of ``policy``'s body, from ``settings.init`` (``critic.init``):
+    "policy" (zero value head) or a critic.pt written by ``rredcot train``; a missing or foreign
+    file is a one-line ``ConfigError``."""
+    c = settings
+    critic = ValueCritic.from_policy(policy.model, pad_id=policy.tokenizer.pad_token_id, lr=c.lr,
+                                     updates_per_batch=c.updates_per_batch, minibatch_size=c.minibatch_size,
+                                     value_clip=c.value_clip, grad_clip=c.grad_clip, weight_decay=c.weight_decay,
+                                     seed=seed)
+    if c.init != "policy":
+        if not Path(c.init).is_file():
+            raise ConfigError(f"critic.init={c.init}: no such file; use critic.init=policy or the critic.pt "
+                              f"of a ppo run (RUN/train/checkpoints/final/critic.pt)")
+        try:
+            critic.load_weights(c.init)
+        except ValueError as e:
+            raise ConfigError(f"critic.init={c.init}: {e}; it must be the critic.pt of a ppo run with this model") from e
+    return critic
 
 def _to_cpu(obj):
     """``obj`` with every tensor copied to CPU (containers rebuilt, other values kept): a copy, so
