@@ -28,8 +28,9 @@ import typer
 from typer import core
 from typer.core import TyperCommand
 
-from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
-from rredcot_cli.errors import RredcotError, one_line, os_error_message
+from rredcot_cli.config.compose import compose
+from rredcot_cli.config.search import CONFIG_PATH_ENV, default_options, group_options
+from rredcot_cli.errors import ConfigError, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",

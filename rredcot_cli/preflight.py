@@ -17,8 +17,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rredcot_cli.config.compose import ConfigError
-from rredcot_cli.errors import ArtifactError, RredcotError
+from rredcot_cli.errors import ArtifactError, ConfigError, RredcotError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

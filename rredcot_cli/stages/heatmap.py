@@ -16,8 +16,7 @@ from collections import defaultdict
 from omegaconf import DictConfig
 
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import ConfigError
-from rredcot_cli.errors import ArtifactError
+from rredcot_cli.errors import ArtifactError, ConfigError
 from rredcot_cli.console import console
 from rredcot_cli.stages.common import table_rows
 

@@ -35,8 +35,10 @@ from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file, config_hash
-from rredcot_cli.errors import ArtifactError, one_line
+from rredcot_cli.config.compose import config_hash
+from rredcot_cli.config.ranges import check_method_ranges
+from rredcot_cli.config.search import config_file
+from rredcot_cli.errors import ArtifactError, ConfigError, one_line
 from rredcot_cli.console import console, progress_bar
 from rredcot_cli.stages.common import (
     make_benchmark,

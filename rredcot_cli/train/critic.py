@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from rredcot_cli.config.compose import ConfigError
+from rredcot_cli.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
