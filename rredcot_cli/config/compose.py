@@ -29,12 +29,14 @@ import hashlib
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+from datetime import datetime
 
 from rredcot_cli.config.messages import (describe_type, parse_error, schema_fields, translate, unknown_key,
                                          unknown_option, wrong_type, yaml_error)
 from rredcot_cli.config.ranges import check_ranges
 from rredcot_cli.config.search import CONF_DIR, CONFIG_NAME, config_file, group_options, user_config_dirs
 from rredcot_cli.errors import ConfigError, one_line
+from rredcot_cli.plugins import import_plugin, plugin_options
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -48,6 +50,7 @@ def _parse_overrides(overrides: Sequence[str], config_dirs: Sequence[str | Path]
 
     ``method.<param>=v`` overrides are applied after the method's parameters are known.
     """
+    # deferred: --help
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -93,6 +96,7 @@ def _hydra_compose(overrides: list[str], config_dirs: Sequence[str | Path] = ())
     method or benchmark without a YAML file gets the node ``{name: NAME}``. Hydra's public
     ``initialize_config_dir`` takes one folder and ``hydra.searchpath`` appends after it, so the
     search path is built with Hydra's own helpers (pinned to hydra-core 1.3)."""
+    # deferred: --help
     import yaml
     from hydra import compose as hydra_compose
     from hydra import version
@@ -104,7 +108,6 @@ def _hydra_compose(overrides: list[str], config_dirs: Sequence[str | Path] = ())
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from rredcot_cli.plugins import plugin_options
     from rredcot_cli.config.schema import Config
 
     store = ConfigStore.instance()
@@ -147,7 +150,7 @@ def _check_against_schema(container: dict, tp: Any, prefix: str = "") -> None:
 
 
 def _check_inputs(inputs: Any) -> None:
-    from rredcot_cli.store.artifacts import ARTIFACTS
+    from rredcot_cli.store.artifacts import ARTIFACTS  # deferred: --help
 
     if not isinstance(inputs, dict):
         raise ConfigError(f"inputs must be a group of paths (inputs.samples=PATH, ...), not {inputs!r}")
@@ -165,6 +168,7 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
     Replaces ``cfg.method`` with ``{name, **params}`` where params are the method's dataclass
     defaults merged with the YAML values and the ``method.*`` overrides.
     """
+    # deferred: --help
     from omegaconf import OmegaConf
     from omegaconf.errors import (
         ConfigAttributeError,
@@ -225,7 +229,7 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
 
 def _unresolvable_key(cfg: DictConfig, container: Any, prefix: str = "") -> str | None:
     """The first key whose interpolation (``${...}``) fails to resolve, for error messages."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: --help
 
     items = container.items() if isinstance(container, dict) else enumerate(container)
     for key, value in items:
@@ -243,8 +247,7 @@ def _unresolvable_key(cfg: DictConfig, container: Any, prefix: str = "") -> str 
 
 
 def _import_plugins(specs: Any) -> None:
-    from rredcot_cli import benchmarks, methods
-    from rredcot_cli.plugins import import_plugin
+    from rredcot_cli import benchmarks, methods  # deferred: --help
 
     registries = {"method": methods.registered_names, "benchmark": benchmarks.registered_names}
 
@@ -259,6 +262,7 @@ def _import_plugins(specs: Any) -> None:
 def _command_line_plugins(overrides: Sequence[str]) -> None:
     """Import the ``plugins=[...]`` given on the command line before the overrides are checked,
     so the methods and benchmarks they register are options of ``method=``/``benchmark=``."""
+    # deferred: --help
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -285,6 +289,7 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     resolver); check every numeric option against its range (``check_ranges``). Raises
     ``ConfigError`` with a one-line message on any mistake.
     """
+    # deferred: --help
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -295,7 +300,6 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     hydra_overrides, method_overrides = _parse_overrides(overrides, config_dirs)
     cfg = _hydra_compose(hydra_overrides, config_dirs)
     if not OmegaConf.has_resolver("now"):  # Hydra registers it; keep working if it stops doing so
-        from datetime import datetime
 
         OmegaConf.register_new_resolver(
             "now", lambda pattern: datetime.now().strftime(pattern), use_cache=True
@@ -322,6 +326,7 @@ def config_hash(cfg: DictConfig, keys: Sequence[str]) -> str:
     Stable across processes and across the order of ``keys``; ``run`` should never be among
     ``keys`` (``run.dir`` differs between runs).
     """
+    # deferred: --help
     import yaml
     from omegaconf import OmegaConf
 

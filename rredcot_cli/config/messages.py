@@ -42,7 +42,7 @@ def schema_fields(tp: Any) -> dict[str, Any] | None:
 
 def schema_type(dotted: str, root: Any = None) -> Any:
     """The declared type of ``dotted`` (e.g. "train.steps") in the schema, or None if unknown."""
-    from rredcot_cli.config.schema import Config
+    from rredcot_cli.config.schema import Config  # deferred: --help
 
     tp = Config if root is None else root
     for part in dotted.split(".") if dotted else []:
@@ -75,7 +75,7 @@ def describe_type(tp: Any) -> str:
 def _valid_keys(parent: str) -> list[str]:
     """The keys allowed directly under ``parent`` ("" for the top level)."""
     if parent == "inputs":
-        from rredcot_cli.store.artifacts import ARTIFACTS
+        from rredcot_cli.store.artifacts import ARTIFACTS  # deferred: --help
 
         return list(ARTIFACTS)
     return list(schema_fields(schema_type(parent)) or {})
@@ -148,6 +148,7 @@ def yaml_error(e: Exception) -> ConfigError:
 
 
 def _translate_chain(chain: list[BaseException], overrides: Sequence[str], config_dirs: Sequence[str | Path]) -> ConfigError:
+    # deferred: --help
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigKeyError, ConfigAttributeError, ValidationError
 

@@ -102,6 +102,7 @@ def range_error(key: str, value: Any, spec: str, lookup: Any) -> str | None:
 def check_ranges(cfg: DictConfig) -> None:
     """Refuse a numeric option outside its range (``schema.RANGES``, ``schema.DIVISIBLE_BY``) and
     a method parameter outside the range its registry entry declares: one ``ConfigError`` line."""
+    # deferred: --help
     from omegaconf import OmegaConf
 
     from rredcot_cli.config.schema import DIVISIBLE_BY, RANGES
@@ -127,7 +128,7 @@ def check_ranges(cfg: DictConfig) -> None:
 def check_method_ranges(name: str, params: dict, prefix: str) -> None:
     """Refuse a parameter of method ``name`` outside its declared range; ``prefix`` is how the
     message names it (``method.`` or ``judge.params.<name>.``)."""
-    from rredcot_cli.methods import get_method
+    from rredcot_cli.methods import get_method  # deferred: --help
 
     try:
         ranges = get_method(name).ranges

@@ -2,8 +2,8 @@
 (``--config-dir DIR``, ``$RREDCOT_CONFIG_PATH``), the options of each group and their defaults.
 
 The CLI imports this module to list the groups in ``rredcot --help``: it imports no Hydra,
-OmegaConf or registry at import time (yaml and the plugins' option names are read inside the
-functions that need them, marked "deferred").
+OmegaConf, yaml or registry at import time (yaml is imported inside ``default_options``, marked
+"deferred").
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rredcot_cli.errors import ConfigError
+from rredcot_cli.plugins import plugin_options
 
 CONF_MODULE = "rredcot_cli.conf"
 
@@ -72,8 +73,6 @@ def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]
     """Each config group (a folder of the packaged ``conf/``) and its options, sorted: the YAML
     files of that folder in the packaged tree and in the user's config folders, plus the credit
     methods and benchmarks of plugins (entry points, ``plugins=``), which need no YAML file."""
-    from rredcot_cli.plugins import plugin_options
-
     dirs = search_dirs(config_dirs)
     groups: dict[str, list[str]] = {}
     for folder in sorted(CONF_DIR.iterdir()):
@@ -87,7 +86,7 @@ def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]
 
 def default_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, str | None]:
     """The option each group gets when none is chosen (from config.yaml's defaults list)."""
-    import yaml
+    import yaml  # deferred: --help
 
     primary = next(d / f"{CONFIG_NAME}.yaml" for d in search_dirs(config_dirs) if (d / f"{CONFIG_NAME}.yaml").is_file())
     defaults = yaml.safe_load(primary.read_text()).get("defaults", [])

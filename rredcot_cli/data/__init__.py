@@ -20,6 +20,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+import pyarrow.parquet as pq
+from huggingface_hub import hf_hub_download, list_repo_files
+
 from rredcot_cli.errors import RredcotError, one_line
 
 DATA_DIR = Path(__file__).parent
@@ -130,8 +133,6 @@ def _check_objects(records: Iterator[Record]) -> Iterator[Record]:
 
 
 def _read_parquet(path: Path) -> Iterator[Record]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -145,7 +146,7 @@ def _read_hub(path: str, split: str, default_config: str | None) -> Iterator[Rec
     repo_id, _, config = path.partition(":")
     config = config or default_config
     try:
-        import datasets
+        import datasets  # optional dependency: datasets, for hub datasets only
     except ImportError:
         datasets = None
     if datasets is not None:
@@ -161,8 +162,6 @@ def _read_hub(path: str, split: str, default_config: str | None) -> Iterator[Rec
 
 def _download_hub_split(repo_id: str, split: str, config: str | None) -> Path:
     """Download the file holding ``split`` of a hub dataset with huggingface_hub."""
-    from huggingface_hub import hf_hub_download, list_repo_files
-
     files = list_repo_files(repo_id, repo_type="dataset")
     prefixes = [f"{config}/", "data/", ""] if config else ["data/", ""]
     for prefix in prefixes:

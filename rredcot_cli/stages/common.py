@@ -6,22 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+import torch
 
 from rredcot_cli.console import console
+from rredcot_cli.benchmarks import benchmark_from_settings
+from rredcot_cli.methods import method_and_params as from_settings
+from rredcot_cli.segmenters import get_segmenter
+from rredcot_cli.store import artifacts
+from rredcot_cli.policy.load import load_policy
+from rredcot_cli.train.critic import build_critic
 
 
 def make_benchmark(cfg: DictConfig):
     """The benchmark of ``cfg.benchmark`` (``benchmarks.benchmark_from_settings``)."""
-    from rredcot_cli.benchmarks import benchmark_from_settings
-
     return benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
 
 
 def make_policy(cfg: DictConfig, model_path: str | None = None):
-    import torch
-
-    from rredcot_cli.policy.load import load_policy
-
     if cfg.backend.num_threads > 0:
         torch.set_num_threads(cfg.backend.num_threads)
     return load_policy(
@@ -45,8 +46,6 @@ def make_policy(cfg: DictConfig, model_path: str | None = None):
 
 def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """The registry entry of ``cfg.method.name`` and its hyper-parameters as plain kwargs."""
-    from rredcot_cli.methods import method_and_params as from_settings
-
     return from_settings(OmegaConf.to_container(cfg.method, resolve=True))
 
 
@@ -68,16 +67,12 @@ def warn_if_untrained_critic(cfg: DictConfig, spec: Any) -> None:
 
 def make_critic(cfg: DictConfig, policy: Any):
     """A ``ValueCritic`` on a copy of the policy's body, from ``critic.*`` (``critic.build_critic``)."""
-    from rredcot_cli.train.critic import build_critic
-
     return build_critic(OmegaConf.to_object(cfg.critic), policy, cfg.seed)
 
 
 def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
     (each rule takes them all, so rules share one signature)."""
-    from rredcot_cli.segmenters import get_segmenter
-
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.segment, resolve=True).items() if k != "name"}
     return get_segmenter(cfg.segment.name), kwargs
 
@@ -90,8 +85,6 @@ def table_rows(table) -> list[dict]:
 def read_segmented_samples(inputs: dict) -> tuple[list[dict], list[dict]]:
     """Sample and segment rows from ``inputs["samples"]`` / ``inputs["segments"]``, refusing
     segments that do not tile those samples' completions exactly."""
-    from rredcot_cli.store import artifacts
-
     samples = artifacts.read_artifact("samples", inputs["samples"])
     segments = artifacts.read_artifact("segments", inputs["segments"])
     artifacts.validate_segments_tile(segments, samples)

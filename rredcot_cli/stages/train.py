@@ -29,7 +29,9 @@ from rredcot_cli.errors import TrainingError
 from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
 from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
-from rredcot_cli.train.update import UpdateHyper, old_from_sampler
+from rredcot_cli.train.update import OLD_LOGPROBS, UpdateHyper, old_from_sampler
+from rredcot_cli.config.schema import EXECUTION_KEYS, Config
+from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 
@@ -109,10 +111,6 @@ def config_keys(spec) -> list[str]:
 def _hashed_config(cfg: DictConfig) -> DictConfig:
     """``cfg`` with the ``schema.EXECUTION_KEYS`` at their defaults: the config that names the run
     (its hash and its config.yaml), the same whether or not it is resumed."""
-    from omegaconf import OmegaConf
-
-    from rredcot_cli.config.schema import EXECUTION_KEYS, Config
-
     container = OmegaConf.to_container(cfg, resolve=True)
     defaults = OmegaConf.structured(Config)
     for key in EXECUTION_KEYS:
@@ -131,9 +129,6 @@ def _tracking_record(names: list[str], out) -> dict | None:
 
 def _check_options(t) -> None:
     """Refuse a misspelled or impossible train.* choice before any model is loaded."""
-    from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
-    from rredcot_cli.train.update import OLD_LOGPROBS
-
     choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
                "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3"),
                "old_logprobs": OLD_LOGPROBS}

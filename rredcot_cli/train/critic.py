@@ -37,6 +37,8 @@ import torch
 from torch import nn
 
 from rredcot_cli.errors import ConfigError
+from rredcot_cli.policy.hf import pack_prompt_completion
+from rredcot_cli.store.atomic import atomic_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -198,8 +200,6 @@ class ValueCritic:
     def _forward(self, prompt_ids, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) values (float32, on the critic's device, with grad if enabled; 0 on padding) and
         the (B, T) bool mask of valid tokens, T = the longest completion of these rows."""
-        from rredcot_cli.policy.hf import pack_prompt_completion
-
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token (V(s_0) is read at the prompt's last token)")
         input_ids, attention_mask, mask, width_p = pack_prompt_completion(prompt_ids, completion_ids, self.pad_id)
@@ -341,8 +341,6 @@ class ValueCritic:
     def save_weights(self, path: str | Path) -> None:
         """``{"weights", "hidden_size"}`` to ``path`` with ``torch.save``, atomically (a reader
         never sees a half-written file)."""
-        from rredcot_cli.store.atomic import atomic_path
-
         payload = {"weights": self._weights_cpu(), "hidden_size": self.hidden_size}
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
