@@ -5,12 +5,16 @@
   not always installed, or another reason in a few words;
 - no import circle among rredcot_cli's modules at module level;
 - only the CLI and the stages themselves import ``rredcot_cli.stages`` (the wings below them take
-  objects and settings, not the config).
+  objects and settings, not the config);
+- store/ and config/ (and the report stage) import no torch.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rredcot_cli"
@@ -151,3 +155,15 @@ def test_only_the_cli_and_the_stages_import_the_stages():
             if any(m.startswith("rredcot_cli.stages") for m in _imported_modules(node, name, False, _modules())):
                 importers.append(f"{name}:{node.lineno}")
     assert importers == []
+
+
+def test_store_config_and_report_import_no_torch():
+    """The README's one-way rule: store/ and config/ import no torch, so `rredcot --help` and
+    `rredcot report` stay fast (a function-level import marked "deferred" keeps it so)."""
+    names = [n for n in _modules() if n.startswith(("rredcot_cli.store", "rredcot_cli.config"))]
+    names.append("rredcot_cli.stages.report")
+    code = f"import importlib, sys; [importlib.import_module(n) for n in {names!r}]; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -29,7 +29,6 @@ from omegaconf import read_write
 
 from rredcot_cli.store import artifacts, runs
 from rredcot_cli.errors import RunError
-from rredcot_cli.pipeline import credit_rows
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -52,6 +51,8 @@ def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: lis
          credit: Any, method: str, config_hash: str) -> Path:
     """Write step ``step``'s rollouts (``samples`` and their ``segments``, the ``CreditBatch``
     and ``Credit`` the update used) under ``train_dir``; returns the step folder."""
+    from rredcot_cli.pipeline import credit_rows  # deferred: store/ imports no torch (README); pipeline does
+
     credits, advantages = credit_rows(samples, batch, credit, method)
     target = step_dir(train_dir, step)
     with runs.atomic_path(target) as tmp:
