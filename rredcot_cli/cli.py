@@ -28,8 +28,9 @@ import typer
 from typer import core
 from typer.core import TyperCommand
 
-from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, default_options, group_options
-from rredcot_cli.errors import PREEMPTED_EXIT, Preempted, RredcotError, one_line, os_error_message
+from rredcot_cli.config.compose import compose
+from rredcot_cli.config.search import CONFIG_PATH_ENV, default_options, group_options
+from rredcot_cli.errors import PREEMPTED_EXIT, ConfigError, Preempted, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",
@@ -129,10 +130,11 @@ class StageCommand(TyperCommand):
 
 
 def _print_config(cfg) -> None:  # noqa: ANN001 - a DictConfig
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: --help (see the module docstring)
 
     text = OmegaConf.to_yaml(cfg, resolve=True)
     if sys.stdout.isatty():
+        # deferred: --help (see the module docstring)
         from rich.console import Console
         from rich.syntax import Syntax
 
@@ -158,10 +160,10 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
             _print_config(cfg)
             return
         if cfg.train.step is not None:  # heatmap/attribute/judge on a step saved by `rredcot train`
-            from rredcot_cli.store.train_rollouts import step_view
+            from rredcot_cli.store.train_rollouts import step_view  # deferred: --help (see the module docstring)
 
             cfg = step_view(cfg, stage)
-        from rredcot_cli.preflight import check
+        from rredcot_cli.preflight import check  # deferred: --help (see the module docstring)
 
         check(stage, cfg)  # model and data paths, empty inputs: refused before a folder is made
         module_name = f"rredcot_cli.stages.{stage}"
@@ -269,7 +271,7 @@ def report(
 ) -> None:
     """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
     with _one_line_errors():
-        from rredcot_cli.stages import report as report_stage
+        from rredcot_cli.stages import report as report_stage  # deferred: --help (see the module docstring)
 
         report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished, baseline=baseline)
 

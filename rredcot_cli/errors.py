@@ -43,6 +43,10 @@ class StorageError(RredcotError, OSError):
         return StorageError, (self.problem, self.kept, self.errno)
 
 
+class ConfigError(RredcotError):
+    """The command line does not describe a valid config (rredcot_cli/config/); the message is one line."""
+
+
 class TrainingError(RredcotError):
     """Training cannot go on (e.g. too many non-finite updates in a row)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Callable, Iterable
 
 import torch
@@ -19,11 +20,22 @@ from rredcot_cli.methods import MethodSpec
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
 from rredcot_cli.rng import derive_seed
+from rredcot_cli.policy.logprobs import head_chunk_rows
+from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
+from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
 
 
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
     for index, start in enumerate(range(0, len(items), max(1, size))):
         yield index, items[start : start + size]
+
+
+def prompts_per_call(batch_size: int, n: int) -> int:
+    """How many prompts one generate() call takes so that prompts x n fits the batch size;
+    ``batch_size`` 0 (or less): all of them, in one call (``sys.maxsize``)."""
+    if batch_size <= 0:
+        return sys.maxsize
+    return max(1, batch_size // max(1, n))
 
 
 def sample_rows(
@@ -96,9 +108,6 @@ def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 
     The LM head, log-softmax and entropy run over the real completion positions only,
     ``logprobs.head_chunk_rows`` of them at a time: (rows, positions, vocabulary) logits of a pass
     held 7.3 GB at SmolLM2's 49k vocabulary for 32 completions of 200 tokens."""
-    from rredcot_cli.policy.logprobs import head_chunk_rows
-    from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
-
     prompts = [list(s["prompt_token_ids"]) for s in samples]
     completions = [list(s["completion_token_ids"]) for s in samples]
     forward = ForwardPass(chunk_tokens=head_chunk_rows(policy.model))
@@ -262,8 +271,6 @@ def evaluate(
 ) -> tuple[list[dict], dict]:
     """Sample n completions per held-out problem; eval rows plus a summary (pass@1 as the mean
     over samples, unbiased pass@k, maj@k, and accuracy by chain length where known)."""
-    from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
-
     samples = sample_rows(policy, benchmark, problems, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
                           top_p=top_p, seed=seed, prompts_per_call=prompts_per_call, on_progress=on_progress,
                           map_chunks=map_chunks)

@@ -42,7 +42,7 @@ class PluginError(RredcotError):
 @functools.lru_cache(maxsize=None)
 def _entry_points(group: str) -> tuple[Any, ...]:
     """The entry points of ``group`` of the installed distributions (read once per process)."""
-    from importlib.metadata import entry_points
+    from importlib.metadata import entry_points  # deferred: --help (importlib.metadata takes 30-140 ms to import)
 
     return tuple(entry_points(group=group))
 

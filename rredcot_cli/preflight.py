@@ -17,8 +17,18 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rredcot_cli.config.compose import ConfigError
-from rredcot_cli.errors import ArtifactError, RredcotError
+from omegaconf import OmegaConf
+import pyarrow.parquet as pq
+
+from rredcot_cli.errors import ArtifactError, ConfigError, RredcotError
+from rredcot_cli.methods import get_method, method_and_params
+from rredcot_cli.segmenters import needs_entropy
+from rredcot_cli.policy.model_files import is_gguf, is_package_file, package_file
+from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS, benchmark_from_settings
+from rredcot_cli.data import _looks_local as data_looks_local, _split_file_in_dir
+from rredcot_cli.store import runs
+from rredcot_cli.store.artifacts import get_spec
+from rredcot_cli.policy.models import shipped_model_dir
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -65,8 +75,6 @@ def check(stage: str, cfg: DictConfig) -> None:
 
 
 def _select(cfg: DictConfig, key: str) -> Any:
-    from omegaconf import OmegaConf
-
     return OmegaConf.select(cfg, key)
 
 
@@ -74,8 +82,6 @@ def _loads_model(stage: str, cfg: DictConfig) -> bool:
     if stage in ("sample", "train", "eval", "judge", "segment"):  # segment: the tokenizer at least
         return True
     if stage == "attribute":
-        from rredcot_cli.methods import get_method
-
         try:
             return bool(get_method(cfg.method.name).needs)
         except KeyError:
@@ -87,7 +93,6 @@ def _tokenizer_only(stage: str, cfg: DictConfig) -> bool:
     """``rredcot segment`` with a rule that needs no entropies reads only the tokenizer."""
     if stage != "segment":
         return False
-    from rredcot_cli.segmenters import needs_entropy
 
     try:
         return not needs_entropy(cfg.segment.name)
@@ -104,9 +109,6 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
     """``ConfigError`` when ``path`` is a local folder that holds no loadable model (config.json,
     weights unless ``weights`` is False, a tokenizer), a file, or a local-looking path that does
     not exist; hub ids and shipped models' names (``embedded``, ``tiny-chain``) pass (the loader reports what is wrong with them)."""
-    from rredcot_cli.policy.model_files import is_gguf, is_package_file, package_file
-    from rredcot_cli.policy.models import shipped_model_dir
-
     if shipped_model_dir(path) is not None:
         return
     if is_package_file(path):
@@ -147,14 +149,10 @@ def check_forced_answer(cfg: DictConfig) -> None:
     """A method that scores a forced answer (rredcot with value=answer_probe, delta_belief, loo,
     gradient) needs a template: method.probe_template or the benchmark's ANSWER_PROBE (none for
     benchmark=jsonl with extractor=regex or none, whose answers have no fixed wording)."""
-    from omegaconf import OmegaConf
-
-    from rredcot_cli.stages.common import make_benchmark, method_and_params
-
-    spec, params = method_and_params(cfg)
+    spec, params = method_and_params(OmegaConf.to_container(cfg.method, resolve=True))
     if not spec.scores_forced_answer(params) or params.get("probe_template"):
         return
-    if getattr(make_benchmark(cfg), "ANSWER_PROBE", None):
+    if getattr(benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True)), "ANSWER_PROBE", None):
         return
     value = " with method.value=answer_probe" if "value" in params else ""
     extractor = OmegaConf.select(cfg, "benchmark.extractor")
@@ -169,7 +167,6 @@ def _check_critic_init(stage: str, cfg: DictConfig) -> None:
     init = cfg.critic.init
     if stage not in ("train", "attribute") or init == "policy":
         return
-    from rredcot_cli.methods import get_method
 
     try:
         needs = get_method(cfg.method.name).needs
@@ -183,10 +180,8 @@ def _check_critic_init(stage: str, cfg: DictConfig) -> None:
 def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
     """The benchmark can be built (a known name; no path for a generated one) and, for a local
     ``benchmark.path``, the file exists and is not empty, or the folder holds every split's file."""
-    from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS
-    from rredcot_cli.stages.common import make_benchmark
-
-    make_benchmark(cfg)  # unknown names, a path for a generated benchmark: one line each
+    # unknown names, a path for a generated benchmark: one line each
+    benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
     path = cfg.benchmark.path
     if path is None or cfg.benchmark.name in SYNTHETIC_BENCHMARKS:
         return
@@ -196,8 +191,6 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
             raise ConfigError(f"benchmark.path={path} is an empty file; nothing to draw problems from")
         return
     if local.is_dir():
-        from rredcot_cli.data import _split_file_in_dir
-
         for split in dict.fromkeys(splits):
             try:
                 file = _split_file_in_dir(local, split)
@@ -206,7 +199,6 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
             if file.stat().st_size == 0:
                 raise ConfigError(f"benchmark.path={path}: {file} is empty; nothing to draw problems from")
         return
-    from rredcot_cli.data import _looks_local as data_looks_local
 
     if data_looks_local(path):
         raise ConfigError(f"benchmark.path={path}: no such file or folder; give a JSONL/JSON/Parquet file, a folder "
@@ -216,11 +208,6 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
 def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
     """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows (a missing or
     unreadable one is left to the stage, which says how to make it or what is wrong)."""
-    import pyarrow.parquet as pq
-
-    from rredcot_cli.store import runs
-    from rredcot_cli.store.artifacts import get_spec
-
     try:
         path = runs.find_input(cfg, artifact)
     except ArtifactError:

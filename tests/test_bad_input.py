@@ -20,7 +20,7 @@ from rredcot_cli.store.artifacts import read_artifact, write_artifact
 from rredcot_cli.policy.base import Completion
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.cli import app
-from rredcot_cli.config.compose import group_options
+from rredcot_cli.config.search import group_options
 from rredcot_cli.errors import ArtifactError, RredcotError, StorageError, TrainingError
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rredcot_cli.cli import app
-from rredcot_cli.config.compose import group_options
+from rredcot_cli.config.search import group_options
 from rredcot_cli.errors import ArtifactError
 
 REPO = Path(__file__).resolve().parents[1]

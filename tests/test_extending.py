@@ -19,7 +19,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot_cli.config.compose import CONFIG_PATH_ENV, ConfigError, compose, group_options
+from rredcot_cli.config.compose import compose
+from rredcot_cli.config.search import CONFIG_PATH_ENV, group_options
+from rredcot_cli.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"

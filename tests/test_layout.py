@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rredcot_cli.config.compose import CONF_DIR
+from rredcot_cli.config.search import CONF_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,11 @@ from typer.testing import CliRunner
 
 from rredcot_cli.store import artifacts
 from rredcot_cli.cli import app
-from rredcot_cli.config.compose import ConfigError, _schema_type, compose, group_options, parse_range
+from rredcot_cli.config.compose import compose
+from rredcot_cli.config.messages import schema_type
+from rredcot_cli.config.ranges import parse_range
+from rredcot_cli.config.search import group_options
+from rredcot_cli.errors import ConfigError
 from rredcot_cli.methods import get_method, method_names
 from rredcot_cli.config.schema import DIVISIBLE_BY, RANGES, Config
 
@@ -107,7 +111,7 @@ def test_every_preset_with_every_method_is_in_range(experiment):
     ("[0, 1)", [0.5, 0.9], True), ("[0, 1)", [0.5, 1.5], False),
 ])
 def test_range_specs(spec, value, ok):
-    from rredcot_cli.config.compose import range_error
+    from rredcot_cli.config.ranges import range_error
 
     assert (range_error("k", value, spec, lambda name: None) is None) == ok
 
@@ -127,7 +131,7 @@ def _outside(spec: str, type_) -> str:
     return f"[{text}]" if typing.get_origin(type_) in (list, typing.List) else text
 
 
-CONFIG_CASES = [(key, _outside(spec, _schema_type(key))) for key, spec in RANGES.items()]
+CONFIG_CASES = [(key, _outside(spec, schema_type(key))) for key, spec in RANGES.items()]
 METHOD_CASES = [
     (name, key, _outside(text, typing.get_type_hints(get_method(name).params)[key]))
     for name in method_names() for key, text in get_method(name).ranges.items()

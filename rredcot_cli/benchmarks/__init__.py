@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from rredcot_cli.benchmarks.base import Benchmark, Problem, StepCheckedBenchmark
 from rredcot_cli.errors import RredcotError
+from rredcot_cli.plugins import BENCHMARK_GROUP, PluginError, entry_point_names, load_entry_point
 
 BENCHMARKS: dict[str, str] = {
     "chain": "rredcot_cli.benchmarks.synthetic:ChainBenchmark",
@@ -73,8 +74,6 @@ def registered_names() -> list[str]:
 
 def benchmark_names() -> list[str]:
     """Built-in, registered and entry-point benchmark names, sorted (nothing is imported)."""
-    from rredcot_cli.plugins import BENCHMARK_GROUP, entry_point_names
-
     return sorted(set(registered_names()) | set(entry_point_names(BENCHMARK_GROUP)))
 
 
@@ -84,7 +83,6 @@ def _load_class(name: str) -> Callable[..., Benchmark]:
         return getattr(importlib.import_module(module_name), class_name)
     if name in _REGISTERED:
         return _REGISTERED[name]
-    from rredcot_cli.plugins import BENCHMARK_GROUP, PluginError, entry_point_names, load_entry_point
 
     if name not in entry_point_names(BENCHMARK_GROUP):
         raise BenchmarkOptionError(f"unknown benchmark {name!r}; valid: {', '.join(benchmark_names())}")
@@ -108,6 +106,15 @@ def _keywords(factory: Callable, name: str, settings: dict[str, Any], options: d
                                        f"its options: {', '.join(sorted(accepted)) or 'none'}")
     chosen = {k: v for k, v in settings.items() if takes_any or k in accepted}
     return {**chosen, **options}
+
+
+def benchmark_from_settings(settings: dict[str, Any]) -> Benchmark:
+    """The benchmark of a resolved ``benchmark.*`` config group (a plain dict): every setting but
+    the name and the splits goes to ``make_benchmark``, which hands each constructor the ones it takes."""
+    settings = dict(settings)
+    for key in ("train_split", "eval_split"):
+        settings.pop(key, None)
+    return make_benchmark(settings.pop("name"), **settings)
 
 
 def make_benchmark(

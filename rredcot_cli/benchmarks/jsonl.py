@@ -46,6 +46,9 @@ from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
 from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
 from rredcot_cli.errors import RredcotError, one_line
+from rredcot_cli.plugins import load_attr
+from rredcot_cli.data import read_split
+from rredcot_cli.benchmarks.gsm8k import marked_answer
 
 EXTRACTORS = ("boxed", "last_number", "regex", "none")
 VERIFIERS = ("math_verify", "exact", "numeric")  # or a user function as module:attr
@@ -113,7 +116,6 @@ class JSONLBenchmark:
             if ":" not in verifier:
                 raise RredcotError(f"benchmark.verifier={verifier}: expected one of {', '.join(VERIFIERS)} "
                                    f"or a function as module:attr")
-            from rredcot_cli.plugins import load_attr
 
             self._user_verifier = load_attr(verifier, "benchmark.verifier")
             if not callable(self._user_verifier):
@@ -121,8 +123,6 @@ class JSONLBenchmark:
 
     def load(self, split: str, limit: int | None = None) -> list[Problem]:
         """Problems of ``split`` in file order (a single file serves every split)."""
-        from rredcot_cli.data import read_split
-
         if self.path is None and not self.PACKAGED:
             raise RredcotError("benchmark jsonl needs benchmark.path=FILE (JSONL, JSON or Parquet) or a folder")
         problems, seen = [], set()
@@ -152,8 +152,6 @@ class JSONLBenchmark:
             return extract_boxed(completion)
         if self.extractor == "last_number":
             if truncated and not self.truncated_last_number:
-                from rredcot_cli.benchmarks.gsm8k import marked_answer
-
                 marked = marked_answer(completion)
                 return None if marked is None else last_number(marked)
             return last_number(completion)

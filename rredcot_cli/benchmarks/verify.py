@@ -42,6 +42,8 @@ import signal
 import sys
 import threading
 from typing import Any, Callable
+from multiprocessing.connection import Connection
+import subprocess
 
 # Characters of a completion handed to the parser when it has no \boxed{...}.
 MAX_PARSE_CHARS = 2000
@@ -125,6 +127,7 @@ def _gold_snippet(gold: str) -> str:
 
 def _math_verify():
     """Import math-verify lazily and silence its one-off "timeout disabled" warning (we enforce our own)."""
+    # deferred: math-verify and its ANTLR parser load in the verifier worker only
     import math_verify
     import math_verify.grader
     import math_verify.parser
@@ -219,8 +222,6 @@ def _serve(read_fd: int, write_fd: int) -> None:
     leaves the helper alive and warm; replies are ``("ok", value)``, ``("timeout", None)`` or
     ``("error", message)``.
     """
-    from multiprocessing.connection import Connection
-
     requests = Connection(read_fd, writable=False)
     replies = Connection(write_fd, readable=False)
     _math_verify()  # warm up the import before announcing readiness
@@ -251,9 +252,6 @@ class _Worker:
     """
 
     def __init__(self) -> None:
-        import subprocess
-        from multiprocessing.connection import Connection
-
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         try:

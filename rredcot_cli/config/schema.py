@@ -457,7 +457,7 @@ EXECUTION_KEYS: frozenset = frozenset({
 # --------------------------------------------------------------------------- ranges
 
 # The meaningful range of every numeric option, checked once after composition
-# (``rredcot_cli.config.compose.check_ranges``), so an out-of-range value fails in one line before
+# (``rredcot_cli.config.ranges.check_ranges``), so an out-of-range value fails in one line before
 # anything loads or runs. A spec is ``">= 1"``, ``"> 0"``, ``"<= 1"``, ``"< 1"`` or an interval
 # ``"[0, 1)"``, optionally followed by ``"; note"`` (shown in the message); a bound may be another
 # option (``"[1, eval.n]"``; a method parameter's, another parameter's name). A list option's

@@ -11,7 +11,7 @@ human-readable location (``file:line``) for error messages. ``path`` selects the
   ``datasets.load_dataset`` when ``datasets`` is installed, else by downloading the split's file
   with ``huggingface_hub``. (The hub path needs network access; it is not exercised by the tests.)
 
-Nothing here imports pyarrow, datasets or huggingface_hub until a file of that kind is read.
+``datasets`` (not a dependency) is imported only when a hub dataset is read.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Iterator
+
+import pyarrow.parquet as pq
+import huggingface_hub as hub
 
 from rredcot_cli.errors import RredcotError, one_line
 
@@ -130,8 +133,6 @@ def _check_objects(records: Iterator[Record]) -> Iterator[Record]:
 
 
 def _read_parquet(path: Path) -> Iterator[Record]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -145,7 +146,7 @@ def _read_hub(path: str, split: str, default_config: str | None) -> Iterator[Rec
     repo_id, _, config = path.partition(":")
     config = config or default_config
     try:
-        import datasets
+        import datasets  # optional dependency: datasets, for hub datasets only
     except ImportError:
         datasets = None
     if datasets is not None:
@@ -161,17 +162,15 @@ def _read_hub(path: str, split: str, default_config: str | None) -> Iterator[Rec
 
 def _download_hub_split(repo_id: str, split: str, config: str | None) -> Path:
     """Download the file holding ``split`` of a hub dataset with huggingface_hub."""
-    from huggingface_hub import hf_hub_download, list_repo_files
-
-    files = list_repo_files(repo_id, repo_type="dataset")
+    files = hub.list_repo_files(repo_id, repo_type="dataset")
     prefixes = [f"{config}/", "data/", ""] if config else ["data/", ""]
     for prefix in prefixes:
         for name in (f"{split}.jsonl", f"{split}.json", f"{split}.parquet"):
             if prefix + name in files:
-                return Path(hf_hub_download(repo_id, prefix + name, repo_type="dataset"))
+                return Path(hub.hf_hub_download(repo_id, prefix + name, repo_type="dataset"))
         shards = sorted(f for f in files if f.startswith(f"{prefix}{split}-") and f.endswith(".parquet") and "/" not in f[len(prefix) :])
         if len(shards) == 1:
-            return Path(hf_hub_download(repo_id, shards[0], repo_type="dataset"))
+            return Path(hub.hf_hub_download(repo_id, shards[0], repo_type="dataset"))
         if len(shards) > 1:
             raise RredcotError(f"{repo_id}: split {split!r} has {len(shards)} shards; install `datasets` to load it")
     raise RredcotError(f"{repo_id}: no file for split {split!r} found on the hub (install `datasets` for other layouts)")

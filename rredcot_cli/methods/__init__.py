@@ -14,6 +14,8 @@ import pkgutil
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
+from rredcot_cli.plugins import METHOD_GROUP, PluginError, entry_point_names, load_entry_point
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -73,8 +75,6 @@ def registered_names() -> list[str]:
 def _load_entry_point(name: str) -> None:
     """Import the plugin module behind entry point ``name`` of group ``rredcot.methods``; it must
     register a method of that name (``@register(name, ...)``)."""
-    from rredcot_cli.plugins import METHOD_GROUP, PluginError, load_entry_point
-
     loaded = load_entry_point(METHOD_GROUP, name)
     if name not in _REGISTRY:
         raise PluginError(f"entry point '{name}' of group {METHOD_GROUP} was imported but registered no method "
@@ -87,8 +87,6 @@ def _load_entry_point(name: str) -> None:
 def method_names() -> list[str]:
     """Built-in methods, methods registered by plugins, and entry points of group
     ``rredcot.methods`` (listed without importing them)."""
-    from rredcot_cli.plugins import METHOD_GROUP, entry_point_names
-
     _discover()
     return sorted(set(_REGISTRY) | set(entry_point_names(METHOD_GROUP)))
 
@@ -98,9 +96,13 @@ def get_method(name: str) -> MethodSpec:
     line) if its entry point fails to import or registers nothing under that name."""
     _discover()
     if name not in _REGISTRY:
-        from rredcot_cli.plugins import METHOD_GROUP, entry_point_names
-
         if name not in entry_point_names(METHOD_GROUP):
             raise KeyError(f"unknown method {name!r}; valid: {', '.join(method_names())}")
         _load_entry_point(name)
     return _REGISTRY[name]
+
+
+def method_and_params(settings: dict) -> tuple[MethodSpec, dict]:
+    """The registry entry of a resolved ``method.*`` config group (a plain dict) and its
+    hyper-parameters as plain kwargs (every key but the name)."""
+    return get_method(settings["name"]), {k: v for k, v in settings.items() if k != "name"}

@@ -61,6 +61,10 @@ import torch
 
 from rredcot_cli.methods import register
 from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
+from rredcot_cli.methods._attribution import eos_token_ids, reasoning_ends
+from rredcot_cli.methods.rredcot import answer_candidates, segment_ends
+from rredcot_cli.values.answer_probe import Candidate, answer_probe_log_values, probe_tokens
+from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
 
 SHAPINGS = ("positive", "raw", "clip", "tanh")
 TARGETS = ("gold", "verified")
@@ -194,11 +198,6 @@ def log_beliefs(batch: CreditBatch, policy, *, template: str, agg: str, targets:
                 probe_scoring: str) -> torch.Tensor:
     """(B, S+1) float64: log b_k after the prompt (k = 0) and after segments 1..K_i-1 (and K_i with
     ``final_segment="probe"``), NaN elsewhere."""
-    from rredcot_cli.methods._attribution import eos_token_ids, reasoning_ends
-    from rredcot_cli.methods.rredcot import answer_candidates, segment_ends
-    from rredcot_cli.values.answer_probe import Candidate, answer_probe_log_values, probe_tokens
-    from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
-
     tok = policy.tokenizer
     if targets == "verified":
         candidates = answer_candidates(batch, tok, template)

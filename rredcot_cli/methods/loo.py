@@ -47,6 +47,7 @@ from rredcot_cli.methods._attribution import (
 )
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.rredcot import answer_candidates
+from rredcot_cli.values.packing import Probe, packed_probe_logprobs
 
 
 @dataclass
@@ -89,8 +90,6 @@ def loo_scores(model, prompts: list[list[int]], completions: list[list[int]], sp
     (clipped to the context; a segment outside it is not scored). candidates[i]: answer_probe
     Candidates (context tokens, scored answer tokens, utility). Returns full (B,) and dropped
     (B, S) with NaN for unscored segments. All probes go through one packed scorer call."""
-    from rredcot_cli.values.packing import Probe, packed_probe_logprobs
-
     B = len(prompts)
     S = max((len(s) for s in spans), default=0)
     traces = [list(p) + list(c) for p, c in zip(prompts, completions)]

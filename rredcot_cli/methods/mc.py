@@ -51,6 +51,9 @@ from rredcot_cli.methods._attribution import eos_token_ids
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.grpo import group_mean_std
 from rredcot_cli.methods.rredcot import ADVANTAGE_RULES, redistribute, segment_ends
+from rredcot_cli.benchmarks import Problem, make_benchmark
+from rredcot_cli.benchmarks.base import grade_completion
+from rredcot_cli.values.mc import mc_values
 
 MC_ADVANTAGES = ("vineppo",) + ADVANTAGE_RULES
 MC_BASELINES = ("mc", "group_mean")
@@ -130,9 +133,6 @@ def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int], s
     is graded as a truncated sample is),
     rebuilt from the benchmark name and gold answer stored with each sample (the configured
     benchmark object in ``batch.extras['benchmark']`` for rows of its name, so its settings hold)."""
-    from rredcot_cli.benchmarks import Problem, make_benchmark
-    from rredcot_cli.benchmarks.base import grade_completion
-
     extras = batch.extras or {}
     names = extras.get("benchmarks")
     if not names or any(n is None for n in names):
@@ -161,7 +161,6 @@ def mc_reference_values(batch: CreditBatch, policy, *, k: int = 16, max_new_toke
     The reference that judges other methods' values (use k >= 16)."""
     if baseline not in MC_BASELINES:
         raise ValueError(f"unknown baseline {baseline!r}; valid: {', '.join(MC_BASELINES)}")
-    from rredcot_cli.values.mc import mc_values
 
     tokenizer = policy.tokenizer
     eos_ids = eos_token_ids(policy)

@@ -30,7 +30,10 @@ import torch
 
 from rredcot_cli.methods import register
 from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
-from rredcot_cli.methods.grpo import grpo_advantage
+from rredcot_cli.methods.grpo import group_mean_std, grpo_advantage
+from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
+from rredcot_cli.values.answer_probe import Candidate, answer_probe_values, probe_tokens
+from rredcot_cli.values.suffix_is import suffix_is_values
 
 ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
 VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
@@ -193,8 +196,6 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
 
 
 def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    from rredcot_cli.methods.grpo import group_mean_std
-
     return group_mean_std(batch.rewards, batch.group_ids)
 
 
@@ -202,8 +203,6 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
                     matched: bool, window: int, self_normalised: bool, clip: float, window_unit: str = "tokens",
                     probe_scoring: str = "auto") -> list[torch.Tensor]:
     """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
-    from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
-
     if probe_scoring == "auto":
         probe_scoring = "packed" if value == "answer_probe" else "kv_cache"
     scorer = cached_probe_logprobs if probe_scoring == "kv_cache" else packed_probe_logprobs
@@ -212,8 +211,6 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
     traces = [list(p) + list(c) for p, c in zip(prompts, completions)]
     stats = batch.extras.setdefault("value_stats", {}) if batch.extras is not None else None
     if value == "answer_probe":
-        from rredcot_cli.values.answer_probe import answer_probe_values
-
         template = probe_template or batch.extras.get("answer_probe")
         if not template:
             raise ValueError("answer_probe needs a forced-answer template: set method.probe_template")
@@ -221,8 +218,6 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
         prefix_lens = [[len(prompts[i]) + o for o in offs] for i, offs in enumerate(offsets)]
         return answer_probe_values(policy.model, traces, prefix_lens, candidates, device=policy.device, stats=stats,
                                    scorer=scorer)
-
-    from rredcot_cli.values.suffix_is import suffix_is_values
 
     if batch.old_logprobs is None:
         raise ValueError("suffix_is needs the sampling log-probs of the completions (batch.old_logprobs)")
@@ -237,8 +232,6 @@ def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[i
 def answer_candidates(batch: CreditBatch, tokenizer, template: str):
     """D per trace: the gold answer plus the distinct answers of the group's correct completions,
     each with utility 1 (0/1 rewards: wrong answers would add nothing to V)."""
-    from rredcot_cli.values.answer_probe import Candidate, probe_tokens
-
     gold = batch.extras["gold_answers"]
     preds = batch.extras["pred_answers"]
     per_group: dict[int, dict[str, float]] = {}

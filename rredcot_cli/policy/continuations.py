@@ -18,6 +18,7 @@ import hashlib
 from typing import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from rredcot_cli.policy.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.rng import derive_seed
@@ -31,8 +32,6 @@ def _empty_cache(model: torch.nn.Module, max_length: int):
     """kvcache.growing_cache (no copy of the whole cache per decoded token: at ~700-token prefixes
     transformers' concatenating cache made continuations ~6x slower than the sampler), or
     transformers' own where the installed version has no layered cache."""
-    from transformers import DynamicCache
-
     return growing_cache(model, max_length) or DynamicCache()
 
 

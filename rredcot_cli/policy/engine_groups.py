@@ -21,6 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.distributed as dist
+
+from rredcot_cli.errors import RredcotError
+
 
 @dataclass(frozen=True)
 class EngineGroups:
@@ -34,8 +38,6 @@ class EngineGroups:
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.world_size % self.tensor_parallel_size:
-            from rredcot_cli.errors import RredcotError
-
             raise RredcotError(f"backend.tensor_parallel_size={self.tensor_parallel_size} must divide the "
                                f"{self.world_size} torchrun ranks (one vLLM engine per group of that many ranks)")
 
@@ -43,8 +45,6 @@ class EngineGroups:
     def of_this_process(cls, tensor_parallel_size: int) -> "EngineGroups":
         """From the initialised torch.distributed world (the train stage starts it before the
         policy loads); one process otherwise."""
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return cls(tensor_parallel_size=tensor_parallel_size)
         # Every rank builds its policy at the same point, so they all create this group together.
@@ -81,8 +81,6 @@ class EngineGroups:
         contributes; the ranks of a group computed the same thing). Collective."""
         if not self.distributed:
             return list(mine)
-        import torch.distributed as dist
-
         parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, mine, group=self._group)
         return [x for part in parts[:: self.tensor_parallel_size] for x in part]

@@ -16,6 +16,7 @@ from rredcot_cli.policy import shared_prompt
 from rredcot_cli.policy.kvcache import cache_kwarg, growing_cache
 from rredcot_cli.policy.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
 from rredcot_cli.policy.logprobs import head_chunk_rows
+from rredcot_cli.policy.continuations import sample_continuations
 
 
 # ------------------------------------------------------------------------------------------
@@ -297,8 +298,6 @@ class HFBackend:
         """``k`` continuations of every prefix (backends/continuations.py: each prefix's KV cache
         shared by its k rows, randomness seeded by the prefix's tokens), ``rows_per_forward`` rows
         decoded together."""
-        from rredcot_cli.policy.continuations import sample_continuations
-
         return sample_continuations(self.model, prefixes, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
                                     top_p=top_p, eos_ids=self.eos_ids, pad_id=self.pad_id, seed=seed,
                                     device=str(self.device), rows_per_forward=rows_per_forward, stats=stats)

@@ -7,7 +7,9 @@ collapsed at ~1,000 tokens (docs/throughput.md). A static cache avoids the copie
 its whole preallocated length from the first token. Here each full-attention layer writes new
 keys and values into storage grown by doubling (up to a known maximum) and hands attention a view
 of the filled part: the same numbers, stored once. Other layer kinds (sliding windows, ...) keep
-transformers' own class. transformers is imported only when a cache is made.
+transformers' own class. transformers is imported only when a cache is made: a transformers whose
+``cache_utils`` has no layered cache (``DynamicLayer``) then costs the fast cache (``growing_cache``
+returns None), not the import of this module (version fallback).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def _layer_class():
     global _GrowingLayer
     if _GrowingLayer is not None:
         return _GrowingLayer
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer  # deferred: version fallback (see the module docstring)
 
     class GrowingLayer(DynamicLayer):
         """Keys and values in storage ``_store`` (grown by doubling up to ``_limit`` positions);
@@ -62,6 +64,7 @@ def growing_cache(model, max_length: int):
     hold up to ``max_length`` positions without copying the cache per token. Returns None where
     the installed transformers has no layered cache (callers then use its default)."""
     try:
+        # deferred: version fallback (see the module docstring)
         from transformers.cache_utils import DynamicCache, DynamicLayer
 
         layer_class = _layer_class()
@@ -84,7 +87,7 @@ def prefilled_cache(storage: list[tuple], filled: int):
     """A cache whose layer i starts with ``storage[i]`` = (keys, values) of shape (batch, kv heads,
     capacity, head dim), positions ``[:filled]`` valid: a forward appends its new positions in place
     (up to the capacity) instead of concatenating, and attends over the filled part."""
-    from transformers.cache_utils import DynamicCache
+    from transformers.cache_utils import DynamicCache  # deferred: version fallback (see the module docstring)
 
     layer_class = _layer_class()
     cache = DynamicCache()

@@ -8,6 +8,11 @@ from typing import Any
 
 import torch
 
+from rredcot_cli.errors import RredcotError
+from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
+from rredcot_cli.policy.hf import HFBackend
+from rredcot_cli.policy.vllm import VLLMBackend
+
 
 def resolve_device(device: str) -> str:
     if device == "auto":
@@ -53,10 +58,6 @@ def load_policy(
     gets trained and scored, and its weights are pushed to vLLM after every update. The
     ``gpu_memory_utilization`` .. ``sleep_mode`` and ``sync_check_atol`` arguments are vLLM's,
     ``kv_cache_dtype`` the HF backend's (``BackendConfig``)."""
-    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
-
-    from rredcot_cli.errors import RredcotError
-
     if backend not in ("hf", "vllm"):
         raise RredcotError(f"unknown backend {backend!r}; valid: hf, vllm")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -77,13 +78,9 @@ def load_policy(
                            f"a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id)") from error
     chat_template = resolve_chat_template(tokenizer, chat_template, model_path)
     if backend == "hf":
-        from rredcot_cli.policy.hf import HFBackend
-
         kv_dtype = None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
         engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device, kv_dtype=kv_dtype)
     else:
-        from rredcot_cli.policy.vllm import VLLMBackend
-
         engine = VLLMBackend(
             str(path),
             tokenizer=tokenizer,
@@ -109,8 +106,6 @@ def resolve_chat_template(tokenizer: Any, chat_template: Any, model_path: str) -
     """``model.chat_template``: ``auto`` (the default) is on exactly when the tokenizer has a chat
     template, so an instruct model gets the prompt format it was tuned on and a base model or the
     embedded one plain text; ``true`` on a tokenizer without one is refused in one line."""
-    from rredcot_cli.errors import RredcotError
-
     if isinstance(chat_template, str) and chat_template.lower() in ("true", "false"):
         chat_template = chat_template.lower() == "true"
     if chat_template not in CHAT_TEMPLATE_CHOICES:

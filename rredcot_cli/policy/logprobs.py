@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rredcot_cli.policy.kvcache import cache_kwarg
+
 # Config attributes of architectures whose logits are more than lm_head(hidden): soft-capping
 # (Gemma 2/3), a logit scale (Cohere) or divisor (Granite). These take the unchunked path.
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -229,8 +231,6 @@ def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: t
     a probe batch would be tens of GB (and the head a third of a 0.5B model's work), while the
     scorers need a few positions per probe. Other models take one full pass, indexed after.
     ``cache`` (a transformers cache) is passed under the keyword the called module takes."""
-    from rredcot_cli.policy.kvcache import cache_kwarg
-
     split = splittable_head(model)
     if split is None:
         out = model(**inputs, **(cache_kwarg(model, cache) if cache is not None else {}))

@@ -28,6 +28,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from importlib import metadata
+
+import transformers
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rredcot_cli.errors import RredcotError, StorageError, full_disk_errno, human_bytes, os_error_message, storage_error
 
@@ -56,8 +61,6 @@ def is_gguf(path: str) -> bool:
 def package_file(path: str, key: str = "model.path") -> Path:
     """``pkg://DIST/FILE`` -> the installed file. ``RredcotError`` (one line, with the install
     command) when the distribution is not installed or does not ship the file."""
-    from importlib import metadata
-
     spec = path[len(PACKAGE_SCHEME):]
     dist_name, _, file_name = spec.partition("/")
     if not dist_name or not file_name:
@@ -87,8 +90,6 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def converted_dir(gguf_path: Path, sha256: str | None = None) -> Path:
     """The cache folder a GGUF file converts into (it may not exist yet)."""
-    import transformers
-
     sha256 = sha256 or file_sha256(gguf_path)
     stem = gguf_path.name[: -len(GGUF_SUFFIX)] if is_gguf(gguf_path.name) else gguf_path.name
     return cache_root() / "gguf" / f"{stem}-v{CONVERSION_VERSION}-{sha256[:16]}-transformers{transformers.__version__}"
@@ -139,9 +140,6 @@ def convert_gguf(gguf_path: str | Path, *, on_progress=None) -> Path:
 
 
 def _write_converted(gguf_path: Path, out_dir: Path) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -174,7 +172,7 @@ GGUF_SPECIAL_TOKEN_KEYS = {
 
 def gguf_special_token_ids(gguf_path: Path) -> dict[str, int]:
     """The bos/eos/pad token ids a GGUF file declares in its metadata (those it declares)."""
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # optional dependency: gguf (the gguf extra)
 
     fields = GGUFReader(str(gguf_path)).fields
     ids = {}

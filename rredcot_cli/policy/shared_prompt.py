@@ -13,7 +13,8 @@ Works for models whose attention layers take their function from ``config._attn_
 (transformers' attention interface) and pass the model's keyword arguments on to it, as Llama,
 Qwen2/3 and Mistral do; ``decode_attention`` switches the model to it for the decode steps only.
 Full-attention layers only: a model with sliding-window or linear layers decodes the plain way
-(``supported``). transformers is imported only when a cache is made.
+(``supported``). transformers is imported only when a cache is made, so that a transformers without
+layered caches makes ``supported`` False instead of failing this module's import (version fallback).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+
+from rredcot_cli.policy.kvcache import _layer_class as growing_layer_class
 
 ATTENTION_NAME = "rredcot_shared_prompt"
 
@@ -38,6 +41,7 @@ def prompt_groups(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
 def supported(model) -> bool:
     """Whether every layer of ``model``'s cache would be a full-attention layer."""
     try:
+        # deferred: version fallback (see the module docstring)
         from transformers.cache_utils import DynamicCache, DynamicLayer
 
         layers = DynamicCache(config=model.config).layers
@@ -53,7 +57,7 @@ def shared_prompt_cache(prefill_cache, prompt_mask: torch.Tensor, row_group: tor
     layer i keeps the prompts' keys and values once and grows each row's generated positions
     (``kvcache`` storage) for the B rows, row b sampling from prompt ``row_group[b]``. ``kv_dtype``:
     keys and values stored, and attention computed, in this dtype (default: the model's)."""
-    from transformers.cache_utils import DynamicCache
+    from transformers.cache_utils import DynamicCache  # deferred: version fallback (see the module docstring)
 
     layer_class = _layer_class()
     bias = torch.zeros(prompt_mask.shape, dtype=torch.float32, device=prompt_mask.device)
@@ -75,7 +79,7 @@ def shared_prompt_cache(prefill_cache, prompt_mask: torch.Tensor, row_group: tor
 def decode_attention(model):
     """The model's attention is the shared-prompt attention inside the block (pass the cache as
     ``shared_prompt=`` to the forward as well), its own again after it."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # deferred: version fallback (see the module docstring)
 
     AttentionInterface.register(ATTENTION_NAME, _attention)
     config = model.config
@@ -140,7 +144,6 @@ def _layer_class():
     global _SharedPromptLayer
     if _SharedPromptLayer is not None:
         return _SharedPromptLayer
-    from rredcot_cli.policy.kvcache import _layer_class as growing_layer_class
 
     class SharedPromptLayer(growing_layer_class()):
         """A growing cache of the rows' generated positions (``keys``/``values``, B rows) plus the

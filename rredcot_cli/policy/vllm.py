@@ -57,9 +57,16 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer
+
 from rredcot_cli.policy.base import Completion, SamplingParams
 from rredcot_cli.policy.engine_groups import EngineGroups
 from rredcot_cli.errors import RredcotError
+from rredcot_cli.policy.continuations import prefix_seed
+from rredcot_cli.policy.logprobs import completion_logprobs
+from rredcot_cli.policy.weights import hf_weights, unwrap
 
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16", "auto": "auto"}
@@ -76,7 +83,7 @@ def request_seed(seed: int, prompt_index: int, sample_index: int, n: int) -> int
 
 def _import_vllm():
     try:
-        import vllm
+        import vllm  # optional dependency: vllm
     except ModuleNotFoundError as exc:
         if exc.name != "vllm":
             raise RredcotError(f"backend=vllm: vLLM failed to import ({exc}); reinstall it: {_INSTALL_HINT}") from exc
@@ -126,9 +133,6 @@ def write_weight_files(weights: list[tuple[str, Any]], folder: Path, dtype: Any,
     ``shard_bytes``, floating-point tensors cast to ``dtype``. Each tensor is copied to the host
     (safetensors stores no aliases, so tied weights are written twice, as vLLM's own loader
     expects of a checkpoint that lists both names); at most one shard is held at once."""
-    import torch
-    from safetensors.torch import save_file
-
     paths: list[Path] = []
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -196,7 +200,7 @@ class VLLMBackend:
             # Keep the engine core in this process so sync_weights hands tensors over directly.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = _import_vllm()
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # optional dependency: vllm
 
         on_cpu = current_platform.is_cpu()
         on_cuda = current_platform.is_cuda_alike()
@@ -245,8 +249,6 @@ class VLLMBackend:
             kwargs["enable_chunked_prefill"] = False
         self.llm = vllm.LLM(**kwargs)
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
             tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -277,6 +279,7 @@ class VLLMBackend:
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int, first: int):
         """``generate`` on this engine for prompts ``first, first + 1, ...`` of the call."""
+        # optional dependency: vllm
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -309,10 +312,9 @@ class VLLMBackend:
         (``prefix_seed``), so a prefix's continuations do not depend on the others in the call.
         The streams are vLLM's, not the HF sampler's: the two agree in distribution, not token
         for token. ``rows_per_forward`` is the HF sampler's; vLLM schedules its batches itself."""
+        # optional dependency: vllm
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
-
-        from rredcot_cli.policy.continuations import prefix_seed
 
         self._check_awake("continuations")
         budgets = [max_new_tokens] * len(prefixes) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -358,7 +360,7 @@ class VLLMBackend:
         """Teacher-forced temperature-1 log-probs of each completion token, from vLLM's
         ``prompt_logprobs`` on ``prompt + completion``. Returns ``(list of float32 CPU tensors, None)``.
         """
-        import torch
+        # optional dependency: vllm
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -405,8 +407,6 @@ class VLLMBackend:
         """Load the weights of ``model`` (the HF policy being trained) into the engine, waking
         it first if ``sleep`` put it to sleep, then drop cached prefixes computed with the old
         weights."""
-        from rredcot_cli.policy.weights import hf_weights
-
         needed = None if self.in_process else self._file_bytes(model)
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
@@ -437,10 +437,6 @@ class VLLMBackend:
     def sync_logprob_gap(self, model) -> float:
         """max |log p_engine - log p_model| over a fixed prompt and completion (teacher-forced,
         temperature 1): 0 up to kernel rounding when the engine holds ``model``'s weights."""
-        import torch
-
-        from rredcot_cli.policy.logprobs import completion_logprobs
-
         prompt, completion = _sync_probe(self.tokenizer)
         engine, _ = self.score([prompt], [completion])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -473,10 +469,6 @@ class VLLMBackend:
     def _file_bytes(self, model) -> int:
         """Bytes the weight files of ``model`` take in the engine dtype (the HF state dict; LoRA
         tensors are merged into the base weights they adapt, so they are left out)."""
-        import torch
-
-        from rredcot_cli.policy.weights import unwrap
-
         itemsize = torch.empty((), dtype=self.engine_dtype).element_size()
         return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size())
                    for name, t in unwrap(model).state_dict().items() if ".lora_" not in name)
@@ -512,7 +504,7 @@ def _weight_transfer_backends() -> list[str] | None:
     """The backends of vLLM's weight-transfer API in the installed vLLM (None: it has none), for
     the manifest: with the engine in this process they are not used (docs/vllm-ddp.md)."""
     try:
-        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # optional dependency: vllm
     except ImportError:
         return None
     return sorted(WeightTransferEngineFactory._registry)
@@ -533,7 +525,7 @@ def _engine_in_process(llm) -> bool:
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
     try:
-        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor  # optional dependency: vllm
     except ImportError:
         return False
     return isinstance(executor, UniProcExecutor)

@@ -45,7 +45,7 @@ def hf_weights(model: torch.nn.Module) -> Iterator[Iterator[tuple[str, torch.Ten
 
 
 def _merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # optional dependency: peft (the lora extra)
 
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapter

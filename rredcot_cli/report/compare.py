@@ -17,7 +17,7 @@ Student-t intervals (``rredcot_cli.metrics.mean_ci``):
 ``build_report(paths)`` loads, labels (``assign_labels``), groups (``summarize_group``) and
 aggregates into a ``Report`` (``Stat``, ``GroupSummary``, ``PairedRow``). The files are written by
 ``rredcot_cli.report.write`` (tables: ``rredcot_cli.report.markdown``; figures:
-``rredcot_cli.report.plots``). pyarrow and the config schema are imported inside functions only.
+``rredcot_cli.report.plots``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from omegaconf import OmegaConf
+import pyarrow as pa
+
 from rredcot_cli.errors import RunError
 from rredcot_cli.metrics import mean_ci
 from rredcot_cli.report.load import RunResult, config_leaves, load_runs, same_value
+from rredcot_cli.config.schema import Config
 
 CONFIDENCE = 0.95
 # Config groups that decide what a training run computes (train's config keys, without seed).
@@ -128,10 +132,6 @@ def _varying(results: Sequence[RunResult], keys_of) -> set[str]:  # noqa: ANN001
 def _schema_defaults(groups: Sequence[str]) -> dict[str, Any]:
     """Leaves of the schema's defaults under ``groups``: the value an option had in runs made
     before it existed (their config.yaml lacks it)."""
-    from omegaconf import OmegaConf
-
-    from rredcot_cli.config.schema import Config
-
     return config_leaves(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), groups)
 
 
@@ -209,13 +209,11 @@ def summarize_group(label: str, results: list[RunResult]) -> GroupSummary:
 
 
 def _is_numeric(type_) -> bool:  # noqa: ANN001 - a pyarrow type
-    import pyarrow as pa
 
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
 
 
 def _is_text(type_) -> bool:  # noqa: ANN001 - a pyarrow type
-    import pyarrow as pa
 
     return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
 

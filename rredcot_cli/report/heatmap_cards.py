@@ -22,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from rredcot_cli.benchmarks.base import Problem
+
 SELECT_MODES = ("mixed", "incorrect", "correct", "first")
 
 Key = tuple  # (prompt_id, sample_idx)
@@ -250,7 +252,6 @@ def _first_wrong(benchmark: Any, row: Mapping[str, Any]) -> tuple[int | None, tu
     name = getattr(benchmark, "name", None)
     if name is not None and row.get("benchmark") not in (None, name):
         return None, None
-    from rredcot_cli.benchmarks.base import Problem
 
     try:
         meta = json.loads(row.get("meta") or "{}")

@@ -50,6 +50,7 @@ def text_color(value: float, vmax: float) -> str:
 
 def colormap():
     """The same diverging scale as a matplotlib colormap (from -vmax to +vmax)."""
+    # deferred: matplotlib (~3 s to import) loads only when a figure is drawn
     from matplotlib.colors import LinearSegmentedColormap
 
     return LinearSegmentedColormap.from_list("rredcot_diverging", list(reversed(_NEG)) + _POS[1:])

@@ -16,6 +16,7 @@ def render_png(cards: Sequence[Card], path: str | Path, title: str | None = None
     """Write a PNG: one row per card, segments as blocks coloured by credit along token position
     (a thin strip below shows token advantages), V(S_k) overlaid where the method has values,
     the first wrong step framed, and a colorbar. Uses matplotlib's Agg canvas (no pyplot state)."""
+    # deferred: matplotlib (~3 s to import) loads only when a figure is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize

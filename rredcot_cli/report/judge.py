@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from rredcot_cli.benchmarks.base import Problem
+from rredcot_cli.pipeline import token_texts
 
 
 # --------------------------------------------------------------------------- correlation
@@ -157,8 +158,6 @@ def first_error_segments(samples: Sequence[dict[str, Any]], segment_ids: torch.T
 
     samples[i]: a samples-artifact row (``completion``, ``completion_token_ids``, ``reward``);
     segment_ids: (B, T) of the credit batch; problems[i]: sample i's problem."""
-    from rredcot_cli.pipeline import token_texts
-
     targets: list[int | None] = []
     for i, sample in enumerate(samples):
         if sample["reward"] > 0.5:

@@ -14,7 +14,6 @@ What ``rredcot train`` leaves in each run dir (``train/summary.json``, ``metrics
 
 The config-leaf helpers (``config_leaves``, ``same_value``, ``EXECUTION_KEYS``) live here because
 the benchmark check needs them; ``rredcot_cli.report.compare`` groups runs with them too.
-pyarrow and yaml are imported inside the readers only.
 """
 
 from __future__ import annotations
@@ -24,7 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from rredcot_cli.store import runs as run_files
+import yaml
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rredcot_cli.store import artifacts, runs as run_files
 from rredcot_cli.errors import ArtifactError, RunError
 from rredcot_cli.metrics import accuracy_by_bucket
 # Leaves that say how a run was executed, not what it computed, never split groups: the one rule
@@ -98,8 +101,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -111,8 +112,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def load_run(path: str | Path) -> RunResult:
     """Read one finished training run; ``RunError``/``ArtifactError`` say what is missing."""
-    from rredcot_cli.store import artifacts
-
     run_dir, train = _train_dir(Path(path))
     _check_finished(train)
     config = _read_yaml(train / "config.yaml")
@@ -149,9 +148,6 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def _credit_quality_tables(run_dir: Path) -> list[tuple[str, Any]]:
     """Every ``credit_quality.parquet`` / ``judge/**/*.parquet`` table of a run dir."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     files = [run_dir / "credit_quality.parquet"] if (run_dir / "credit_quality.parquet").is_file() else []
     judge = run_dir / "judge"
     if judge.is_dir():

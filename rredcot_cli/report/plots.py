@@ -19,6 +19,7 @@ CROWDED = 5
 
 
 def _figure(title: str, groups: int = 1, integer_x: bool = True):
+    # deferred: matplotlib (~3 s to import) loads only when a figure is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -42,7 +43,7 @@ def _legend(ax, groups: int) -> None:  # noqa: ANN001 - a matplotlib Axes
 
 def _styles(n: int) -> list[tuple[Any, str]]:
     """(colour, line style) per group: tab10 up to 10 groups, tab20 beyond, then dashed repeats."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # deferred: matplotlib (~3 s to import) loads only when a figure is drawn
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     size = 10 if n <= 10 else 20

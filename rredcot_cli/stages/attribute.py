@@ -11,8 +11,8 @@ import time
 from omegaconf import DictConfig
 
 from rredcot_cli.store import artifacts, runs
+from rredcot_cli.console import console
 from rredcot_cli.stages.common import (
-    console,
     make_benchmark,
     make_collaborators,
     make_policy,
@@ -20,6 +20,7 @@ from rredcot_cli.stages.common import (
     read_segmented_samples,
     warn_if_untrained_critic,
 )
+from rredcot_cli.pipeline import attribute, credit_batch, credit_rows
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
@@ -32,8 +33,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if out is None:
         return
     samples, segments = read_segmented_samples(inputs)
-
-    from rredcot_cli.pipeline import attribute, credit_batch, credit_rows
 
     collaborators = make_collaborators(cfg, spec, make_policy(cfg)) if spec.needs else {}
     warn_if_untrained_critic(cfg, spec)

@@ -3,34 +3,26 @@ constructing things; everything below it takes explicit arguments."""
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+import torch
 
-console = Console(stderr=True)
+from rredcot_cli.console import console
+from rredcot_cli.benchmarks import benchmark_from_settings
+from rredcot_cli.methods import method_and_params as from_settings
+from rredcot_cli.segmenters import get_segmenter
+from rredcot_cli.store import artifacts
+from rredcot_cli.policy.load import load_policy
+from rredcot_cli.train.critic import build_critic
 
 
 def make_benchmark(cfg: DictConfig):
-    """The benchmark of ``cfg.benchmark``: every setting but the name and the splits goes to
-    ``benchmarks.make_benchmark``, which hands each constructor the ones it takes."""
-    from rredcot_cli.benchmarks import make_benchmark as build
-
-    settings = OmegaConf.to_container(cfg.benchmark, resolve=True)
-    for key in ("train_split", "eval_split"):
-        settings.pop(key, None)
-    return build(settings.pop("name"), **settings)
+    """The benchmark of ``cfg.benchmark`` (``benchmarks.benchmark_from_settings``)."""
+    return benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
 
 
 def make_policy(cfg: DictConfig, model_path: str | None = None):
-    import torch
-
-    from rredcot_cli.policy.load import load_policy
-
     if cfg.backend.num_threads > 0:
         torch.set_num_threads(cfg.backend.num_threads)
     return load_policy(
@@ -55,11 +47,7 @@ def make_policy(cfg: DictConfig, model_path: str | None = None):
 
 def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """The registry entry of ``cfg.method.name`` and its hyper-parameters as plain kwargs."""
-    from rredcot_cli.methods import get_method
-
-    spec = get_method(cfg.method.name)
-    params = {k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k != "name"}
-    return spec, params
+    return from_settings(OmegaConf.to_container(cfg.method, resolve=True))
 
 
 def make_collaborators(cfg: DictConfig, spec: Any, policy: Any) -> dict[str, Any]:
@@ -79,56 +67,15 @@ def warn_if_untrained_critic(cfg: DictConfig, spec: Any) -> None:
 
 
 def make_critic(cfg: DictConfig, policy: Any):
-    """A ``ValueCritic`` on a copy of the policy's body, from ``critic.init``: "policy" (zero value
-    head) or a critic.pt written by ``rredcot train``."""
-    from rredcot_cli.train.critic import ValueCritic
-    from rredcot_cli.config.compose import ConfigError
-
-    c = cfg.critic
-    critic = ValueCritic.from_policy(policy.model, pad_id=policy.tokenizer.pad_token_id, lr=c.lr,
-                                     updates_per_batch=c.updates_per_batch, minibatch_size=c.minibatch_size,
-                                     value_clip=c.value_clip, grad_clip=c.grad_clip, weight_decay=c.weight_decay,
-                                     seed=cfg.seed)
-    if c.init != "policy":
-        if not Path(c.init).is_file():
-            raise ConfigError(f"critic.init={c.init}: no such file; use critic.init=policy or the critic.pt "
-                              f"of a ppo run (RUN/train/checkpoints/final/critic.pt)")
-        try:
-            critic.load_weights(c.init)
-        except ValueError as e:
-            raise ConfigError(f"critic.init={c.init}: {e}; it must be the critic.pt of a ppo run with this model") from e
-    return critic
+    """A ``ValueCritic`` on a copy of the policy's body, from ``critic.*`` (``critic.build_critic``)."""
+    return build_critic(OmegaConf.to_object(cfg.critic), policy, cfg.seed)
 
 
 def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
     (each rule takes them all, so rules share one signature)."""
-    from rredcot_cli.segmenters import get_segmenter
-
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.segment, resolve=True).items() if k != "name"}
     return get_segmenter(cfg.segment.name), kwargs
-
-
-def prompts_per_call(batch_size: int, n: int) -> int:
-    """How many prompts one generate() call takes so that prompts x n fits the batch size;
-    ``batch_size`` 0 (or less): all of them, in one call (``sys.maxsize``)."""
-    if batch_size <= 0:
-        return sys.maxsize
-    return max(1, batch_size // max(1, n))
-
-
-@contextmanager
-def progress_bar(description: str, total: int, transient: bool = False) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields ``advance(k, **fields)``."""
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=transient) as progress:
-        task = progress.add_task(description, total=total, info="")
-
-        def advance(k: int = 1, info: str | None = None) -> None:
-            progress.update(task, advance=k, **({"info": info} if info is not None else {}))
-
-        yield advance
 
 
 def table_rows(table) -> list[dict]:
@@ -139,8 +86,6 @@ def table_rows(table) -> list[dict]:
 def read_segmented_samples(inputs: dict) -> tuple[list[dict], list[dict]]:
     """Sample and segment rows from ``inputs["samples"]`` / ``inputs["segments"]``, refusing
     segments that do not tile those samples' completions exactly."""
-    from rredcot_cli.store import artifacts
-
     samples = artifacts.read_artifact("samples", inputs["samples"])
     segments = artifacts.read_artifact("segments", inputs["segments"])
     artifacts.validate_segments_tile(segments, samples)

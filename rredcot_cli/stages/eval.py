@@ -11,7 +11,9 @@ from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.stages.common import console, make_benchmark, make_policy, progress_bar, prompts_per_call
+from rredcot_cli.console import console, progress_bar
+from rredcot_cli.pipeline import evaluate, prompts_per_call
+from rredcot_cli.stages.common import make_benchmark, make_policy
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "eval"]
 
@@ -25,8 +27,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     benchmark = make_benchmark(cfg)
     problems = benchmark.load(e.split, limit=e.num_problems)
     policy = make_policy(cfg)
-
-    from rredcot_cli.pipeline import evaluate
 
     started = time.perf_counter()
     with progress_bar(f"eval {benchmark.name}/{e.split}", total=len(problems)) as advance:

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 from collections import defaultdict
 from omegaconf import DictConfig
+from transformers import AutoTokenizer
 
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import ConfigError
-from rredcot_cli.errors import ArtifactError
-from rredcot_cli.stages.common import console, table_rows
+from rredcot_cli.errors import ArtifactError, ConfigError
+from rredcot_cli.console import console
+from rredcot_cli.stages.common import table_rows
+from rredcot_cli.report.heatmap_cards import SELECT_MODES, SelectionError, build_cards
+from rredcot_cli.report.heatmap_colors import COLOR_BY
+from rredcot_cli.report.heatmap_html import render_html
+from rredcot_cli.report.heatmap_png import render_png
+from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS, make_benchmark
+from rredcot_cli.policy.models import resolve_model_path
+from rredcot_cli.pipeline import token_texts
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
-    from rredcot_cli.report.heatmap_cards import SELECT_MODES, SelectionError, build_cards
-    from rredcot_cli.report.heatmap_colors import COLOR_BY
-    from rredcot_cli.report.heatmap_html import render_html
-    from rredcot_cli.report.heatmap_png import render_png
-
     h = cfg.heatmap
     if h.select not in SELECT_MODES:
         raise ConfigError(f"heatmap.select={h.select}: expected one of {', '.join(SELECT_MODES)}")
@@ -76,18 +79,12 @@ def _token_text_source(cfg: DictConfig, segments: list[dict]):
     """A function ``samples row -> token texts`` (None for a row whose texts do not match its
     segments' texts), or None when the tokenizer of ``model.path`` cannot be loaded."""
     try:
-        from transformers import AutoTokenizer
-
-        from rredcot_cli.policy.models import resolve_model_path
-
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path),
                                                   trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any failure only costs token detail
         console.print(f"[yellow]heatmap: cannot load the tokenizer of model.path={cfg.model.path} "
                       f"({type(e).__name__}); showing whole segments[/yellow]")
         return None
-
-    from rredcot_cli.pipeline import token_texts
 
     by_key: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for seg in segments:
@@ -107,8 +104,6 @@ def _token_text_source(cfg: DictConfig, segments: list[dict]):
 
 def _step_checker(cfg: DictConfig, samples: list[dict]):
     """The synthetic benchmark of the samples (it knows each chain's first wrong step), or None."""
-    from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS, make_benchmark
-
     names = {row["benchmark"] for row in samples}
     if len(names) != 1 or not names <= SYNTHETIC_BENCHMARKS:
         return None

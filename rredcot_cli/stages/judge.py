@@ -35,17 +35,25 @@ from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import ConfigError, check_method_ranges, config_file, config_hash
-from rredcot_cli.errors import ArtifactError, one_line
+from rredcot_cli.config.compose import config_hash
+from rredcot_cli.config.ranges import check_method_ranges
+from rredcot_cli.config.search import config_file
+from rredcot_cli.errors import ArtifactError, ConfigError, one_line
+from rredcot_cli.console import console, progress_bar
 from rredcot_cli.stages.common import (
-    console,
     make_benchmark,
     make_collaborators,
     make_policy,
-    progress_bar,
     read_segmented_samples,
     warn_if_untrained_critic,
 )
+from rredcot_cli.methods import get_method, method_names
+from rredcot_cli.train.distributed import split_evenly
+from rredcot_cli.report.judge import (advantage_spread, agreement, checks_steps, constant_within_completions,
+                                      first_error_segments, localisation, problem_of)
+from rredcot_cli.methods.mc import mc_reference_values
+from rredcot_cli.pipeline import attribute, credit_batch
+from rredcot_cli.metrics import mean_ci
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
 
@@ -53,8 +61,6 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
 def judged_methods(requested: list[str] | None) -> list[str]:
     """The methods to judge, in the given order (null: every registered one, sorted); unknown
     names raise ``ConfigError`` listing the valid ones."""
-    from rredcot_cli.methods import method_names
-
     valid = method_names()
     if requested is None:
         return valid
@@ -74,8 +80,6 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
     none for a plugin method without one), then ``changes`` (``judge.params.<name>``). A key the
     method does not declare, or a value of the wrong type, raises ``ConfigError`` naming
     ``judge.params.<name>.<key>``."""
-    from rredcot_cli.methods import get_method
-
     spec = get_method(name)
     params = OmegaConf.structured(spec.params)
     OmegaConf.set_struct(params, True)
@@ -122,8 +126,6 @@ def _check_options(cfg: DictConfig, overrides: list[str], names: list[str]) -> N
 def split_batches(samples: list[dict], segments: list[dict], batches: int) -> list[tuple[list[dict], list[dict]]]:
     """``(samples, segments)`` of ``batches`` contiguous runs of whole prompt groups, as even as
     possible; ``ConfigError`` when there are fewer prompts than batches."""
-    from rredcot_cli.train.distributed import split_evenly
-
     prompts = list(dict.fromkeys(s["prompt_id"] for s in samples))
     if len(prompts) < batches:
         raise ConfigError(f"judge.batches={batches}: the saved samples hold {len(prompts)} prompts; sample at least "
@@ -153,7 +155,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     changes = OmegaConf.to_container(cfg.judge.params, resolve=True)
     all_params = {name: method_params(name, changes.get(name)) for name in names}
     inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
-    from rredcot_cli.methods import get_method
 
     # The critic group configures ppo's critic; it names the judgement only when ppo is judged.
     keys = CONFIG_KEYS + (["critic"] if any("critic" in get_method(n).needs for n in names) else [])
@@ -164,10 +165,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     batches = split_batches(samples, segments, cfg.judge.batches)
     sample_stage = _sample_stage(inputs["samples"])
     sample_seconds = sample_stage.get("seconds")
-
-    from rredcot_cli.report.judge import checks_steps, first_error_segments, problem_of
-    from rredcot_cli.methods.mc import mc_reference_values
-    from rredcot_cli.pipeline import credit_batch
 
     seed_everything(cfg.seed)
     benchmark = make_benchmark(cfg)
@@ -294,10 +291,6 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
                  sample_seconds: float | None, benchmark: Any = None) -> dict[str, Any]:
     """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces
     (``benchmark``: the configured one, for methods that verify new text)."""
-    from rredcot_cli.report.judge import advantage_spread, agreement, constant_within_completions, localisation
-    from rredcot_cli.methods import get_method
-    from rredcot_cli.pipeline import attribute, credit_batch
-
     spec = get_method(name)
     measures: list[dict[str, Any]] = []
     advantages = []
@@ -391,8 +384,6 @@ BATCH_COLUMNS = [("value ρ", "value_spearman", 3), ("value ρ inner", "value_sp
 def batch_summary(rows: list[dict]) -> dict[str, dict[str, tuple[float, float, float, int] | None]]:
     """Per method and column of ``BATCH_COLUMNS``: (mean, low, high, batches) over the batches
     where the column has a value, with the 95% Student-t interval; None where it never has."""
-    from rredcot_cli.metrics import mean_ci
-
     out: dict[str, dict] = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]

@@ -17,6 +17,10 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from rredcot_cli.report.compare import build_report
+from rredcot_cli.report.markdown import summary_rows
+from rredcot_cli.report.write import write_report
+
 DEFAULT_OUT = Path("runs/report")
 
 
@@ -27,10 +31,6 @@ def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfi
     ``skip_unfinished``: leave out run dirs whose train stage did not finish (named in one line on
     stderr and at the end of report.md) instead of failing. ``baseline``: the group the paired
     section compares against (default ``grpo`` when present)."""
-    from rredcot_cli.report.compare import build_report
-    from rredcot_cli.report.markdown import summary_rows
-    from rredcot_cli.report.write import write_report
-
     report = build_report(run_dirs, skip_unfinished=skip_unfinished, baseline=baseline)
     if report.skipped:
         Console(stderr=True, soft_wrap=True).print(

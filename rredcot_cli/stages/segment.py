@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from omegaconf import DictConfig
+from transformers import AutoTokenizer
 
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.stages.common import console, make_policy, segmenter_and_kwargs, table_rows
+from rredcot_cli.console import console
+from rredcot_cli.stages.common import make_policy, segmenter_and_kwargs, table_rows
+from rredcot_cli.pipeline import completion_entropies, segment_rows
+from rredcot_cli.segmenters import needs_entropy
+from rredcot_cli.policy.models import resolve_model_path
 
 CONFIG_KEYS = ["segment", "model"]  # the tokenizer decides the token texts; the model, entropies
 
@@ -17,9 +22,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         return
     samples = table_rows(artifacts.read_artifact("samples", samples_path))
     segmenter, kwargs = segmenter_and_kwargs(cfg)
-
-    from rredcot_cli.pipeline import completion_entropies, segment_rows
-    from rredcot_cli.segmenters import needs_entropy
 
     entropies = None
     if needs_entropy(cfg.segment.name):
@@ -36,8 +38,4 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def _tokenizer(cfg: DictConfig):
-    from transformers import AutoTokenizer
-
-    from rredcot_cli.policy.models import resolve_model_path
-
     return AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), trust_remote_code=cfg.model.trust_remote_code)

@@ -11,7 +11,10 @@ from omegaconf import DictConfig
 from rredcot_cli.errors import RredcotError
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import runs
-from rredcot_cli.stages.common import console
+from rredcot_cli.console import console
+from rredcot_cli.benchmarks import make_benchmark
+from rredcot_cli.train.sft import train_sft
+from rredcot_cli.policy.models import shipped_model_dir
 
 CONFIG_KEYS = ["seed", "benchmark", "sft"]
 
@@ -23,9 +26,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         return
     seed_everything(cfg.seed)
     f = cfg.sft
-
-    from rredcot_cli.benchmarks import make_benchmark
-    from rredcot_cli.train.sft import train_sft
 
     # SFT data uses shorter chains than RL (sft.min_steps/max_steps) to leave room for RL.
     benchmark = make_benchmark(cfg.benchmark.name, min_steps=f.min_steps, max_steps=f.max_steps,
@@ -56,8 +56,6 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
 
 def _init_path(init: str | None) -> str | None:
     """``sft.init`` as a folder: a path, or the name of a model shipped in rredcot_cli/assets."""
-    from rredcot_cli.policy.models import shipped_model_dir
-
     if not init:
         return None
     folder = shipped_model_dir(init) or Path(init)

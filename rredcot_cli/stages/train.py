@@ -1,7 +1,8 @@
 """`rredcot train`: the policy loop (the algorithm and its launch lines: rredcot_cli/train/loop.py).
 
-This file turns the config into settings (the update's hyper-parameters, the precision, the
-data-parallel group, the trackers), begins the stage (``runs.begin_stage``: the run folder, its
+This file turns the config into settings (the loop's ``TrainSettings``, the update's
+hyper-parameters, the precision, the data-parallel group, the trackers), builds the benchmark, the
+policy and the credit method, begins the stage (``runs.begin_stage``: the run folder, its
 manifest and config hash; ``train.resume=true`` continues an unfinished attempt), runs
 ``Trainer(...).fit()``, and on rank 0 writes the results (metrics.parquet, eval.parquet,
 summary.json), finishes the stage and prints the before/after table.
@@ -16,17 +17,23 @@ from __future__ import annotations
 
 import json
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
+from rredcot_cli.console import console
+from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, runs, train_rollouts
 
-from rredcot_cli.train import distributed, tracking
+from rredcot_cli.train import distributed, tracking, trainable
+from rredcot_cli.train.preemption import signal_number
 from rredcot_cli.errors import Preempted, StorageError, TrainingError
 from rredcot_cli.train.precision import resolve_precision
-from rredcot_cli.stages.common import console, method_and_params
-from rredcot_cli.train.loop import Fitted, Trainer
-from rredcot_cli.train.update import UpdateHyper, old_from_sampler
+from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
+from rredcot_cli.train.checkpoint import last_complete
+from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
+from rredcot_cli.train.update import OLD_LOGPROBS, UpdateHyper, old_from_sampler
+from rredcot_cli.config.schema import EXECUTION_KEYS, Config
+from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 
@@ -42,11 +49,17 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                                     keys=config_keys(spec), resume=t.resume))
     if out is None:
         return
-    trainer = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
+    segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
+    settings = train_settings(cfg, segment_kwargs)
+    seed_everything(cfg.seed)
+    benchmark = make_benchmark(cfg)
+    policy = make_policy(cfg)
+    trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
+                      segmenter=segmenter, out=out, parallel=parallel, precision=precision,
                       hyper=update_hyper(cfg, precision.name), trackers=trackers)
     try:
         fitted = trainer.fit()
-        weight_sync = _weight_sync_record(trainer.policy.backend, parallel)
+        weight_sync = _weight_sync_record(policy.backend, parallel)
         if parallel.is_main:  # rank 0 writes every artifact
             _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
     except StorageError as e:  # a full disk mid-run: say what a resume starts from
@@ -58,21 +71,31 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     parallel.barrier()
     # A vLLM engine under torchrun lives in the job's process group and tears it down when it
     # shuts down: shut it down here, after the last collective, not at interpreter exit.
-    if parallel.distributed and hasattr(trainer.policy.backend, "close"):
-        trainer.policy.backend.close()
+    if parallel.distributed and hasattr(policy.backend, "close"):
+        policy.backend.close()
     parallel.close()
 
 
 def kept_for_resume(train_dir, save_every: int) -> str:
     """What a train run that failed to write keeps, and how to continue it."""
-    from rredcot_cli.train.checkpoint import last_complete
-
     found = last_complete(train_dir / "checkpoints")
     if found is None:
         return (f"no step checkpoint was complete yet (train.save_every={save_every}); free space and rerun "
                 "(with train.resume=true it starts over from step 0)")
     return (f"the last complete checkpoint, step {int(found.name.split('-')[1])} ({found}), is kept; free space "
             "and rerun with train.resume=true")
+
+
+def train_settings(cfg: DictConfig, segment_kwargs: dict) -> TrainSettings:
+    """What the loop reads from the config, as typed settings (the schema's dataclasses)."""
+    lora = cfg.model.lora
+    return TrainSettings(
+        seed=cfg.seed, train=OmegaConf.to_object(cfg.train), sampling=OmegaConf.to_object(cfg.sampling),
+        critic=OmegaConf.to_object(cfg.critic), train_split=cfg.benchmark.train_split,
+        eval_split=cfg.benchmark.eval_split, backend_batch_size=cfg.backend.batch_size,
+        segment_rule=cfg.segment.name, segment_kwargs=segment_kwargs,
+        lora=trainable.LoraSettings(**OmegaConf.to_container(lora)) if lora.r > 0 else None,
+        save_dtype=cfg.model.dtype, tracked_config=OmegaConf.to_container(cfg, resolve=True))
 
 
 def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
@@ -125,10 +148,6 @@ def config_keys(spec) -> list[str]:
 def _hashed_config(cfg: DictConfig) -> DictConfig:
     """``cfg`` with the ``schema.EXECUTION_KEYS`` at their defaults: the config that names the run
     (its hash and its config.yaml), the same whether or not it is resumed."""
-    from omegaconf import OmegaConf
-
-    from rredcot_cli.config.schema import EXECUTION_KEYS, Config
-
     container = OmegaConf.to_container(cfg, resolve=True)
     defaults = OmegaConf.structured(Config)
     for key in EXECUTION_KEYS:
@@ -147,10 +166,6 @@ def _tracking_record(names: list[str], out) -> dict | None:
 
 def _check_options(t) -> None:
     """Refuse a misspelled or impossible train.* choice before any model is loaded."""
-    from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
-    from rredcot_cli.train.preemption import signal_number
-    from rredcot_cli.train.update import OLD_LOGPROBS
-
     choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
                "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3"),
                "old_logprobs": OLD_LOGPROBS}

@@ -47,7 +47,7 @@ def lock_stage_folder(folder: str | Path) -> bool:
     ``flock``. Raises ``RunError`` (one line: the folder, the holder's pid, host and command) when
     another live process holds it.
     """
-    import fcntl  # POSIX only; imported here so importing the store stays portable
+    import fcntl  # deferred: POSIX only, so importing the store stays portable
 
     folder = Path(folder)
     key = folder.resolve()

@@ -29,6 +29,9 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from importlib import metadata
+
+from omegaconf import OmegaConf
 
 from rredcot_cli import __version__
 # The stages write through runs.atomic_*: re-exported from the module that holds them.
@@ -36,6 +39,8 @@ from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_wr
                                 atomic_write_text, remove_stale_temporaries)
 from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
 from rredcot_cli.store.lock import LOCK_FILE, lock_stage_folder, release
+from rredcot_cli.config.compose import config_hash
+from rredcot_cli.store.artifacts import get_spec
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -96,8 +101,6 @@ def _git_state() -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
     def version(distribution: str) -> str | None:
         try:
             return metadata.version(distribution)
@@ -193,8 +196,6 @@ class StageOutput:
 
 def _differing_keys(folder: Path, cfg: DictConfig, keys: list[str]) -> list[str] | None:
     """Top-level ``keys`` whose values differ between ``folder/config.yaml`` and ``cfg``."""
-    from omegaconf import OmegaConf
-
     path = folder / CONFIG_FILE
     if not path.exists():
         return None
@@ -214,8 +215,6 @@ PROVENANCE_KEYS = ("model", "benchmark")
 
 def _stage_hash(cfg: DictConfig, keys: list[str], input_records: dict[str, dict]) -> str:
     """12 hex chars identifying a stage's work: its config keys and the sha256 of its inputs."""
-    from rredcot_cli.config.compose import config_hash
-
     digest = hashlib.sha256()
     digest.update(config_hash(cfg, keys).encode())
     for name in sorted(input_records):
@@ -243,8 +242,6 @@ def check_input_provenance(cfg: DictConfig, stage: str, keys: list[str], input_r
     - the ``PROVENANCE_KEYS`` groups both stages hash must be equal in its config.yaml and here.
     Inputs without a manifest beside them (files from elsewhere) are taken as they are.
     """
-    from omegaconf import OmegaConf
-
     current = OmegaConf.to_container(cfg, resolve=True)
     for name, record in input_records.items():
         path = Path(record["path"])
@@ -318,8 +315,6 @@ def begin_stage(
       When ``resume`` continues an unfinished attempt its manifest keeps ``created`` and lists
       the restart under ``resumed``.
     """
-    from omegaconf import OmegaConf
-
     folder = stage_folder(cfg, stage, subdir)
     input_records = {}
     for name, path in inputs.items():
@@ -445,8 +440,6 @@ def find_input(cfg: DictConfig, artifact: str) -> Path:
     downstream variant reads the untagged upstream outputs). Credits and advantages live under
     ``attribute[-<tag>]/<method.name>/``. Raises ``ArtifactError`` saying how to make the file.
     """
-    from rredcot_cli.store.artifacts import get_spec
-
     spec = get_spec(artifact)
     explicit = (cfg.get("inputs") or {}).get(artifact)
     if explicit:

@@ -22,8 +22,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import json
+import copy
 
-from rredcot_cli.store import runs
+from omegaconf import read_write
+
+from rredcot_cli.store import artifacts, runs
 from rredcot_cli.errors import RunError
 
 if TYPE_CHECKING:
@@ -47,8 +51,7 @@ def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: lis
          credit: Any, method: str, config_hash: str) -> Path:
     """Write step ``step``'s rollouts (``samples`` and their ``segments``, the ``CreditBatch``
     and ``Credit`` the update used) under ``train_dir``; returns the step folder."""
-    from rredcot_cli.store import artifacts
-    from rredcot_cli.pipeline import credit_rows
+    from rredcot_cli.pipeline import credit_rows  # deferred: store/ imports no torch (README); pipeline does
 
     credits, advantages = credit_rows(samples, batch, credit, method)
     target = step_dir(train_dir, step)
@@ -72,8 +75,6 @@ def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: lis
 
 
 def _manifest(stage: str, step: int, config_hash: str, outputs: dict, inputs: dict) -> str:
-    import json
-
     return json.dumps({"stage": stage, "status": "complete", "made_by": "rredcot train", "train_step": step,
                        "config_hash": config_hash, "config_keys": [], "inputs": inputs, "outputs": outputs},
                       indent=2) + "\n"
@@ -105,9 +106,6 @@ def step_view(cfg: DictConfig, stage: str) -> DictConfig:
         saved = f"saved steps: {', '.join(map(str, steps))}" if steps else "none saved there"
         raise RunError(f"train.step={step}: {train_dir} holds no rollouts of step {step} ({saved}); "
                        f"`rredcot train train.save_rollouts=N` saves every N-th step")
-    import copy
-
-    from omegaconf import read_write
 
     view = copy.deepcopy(cfg)
     with read_write(view):

@@ -27,7 +27,7 @@ from rredcot_cli.store import runs
 from rredcot_cli.train import trainable
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.rng import rng_states, set_rng_states
-from rredcot_cli.stages.common import console
+from rredcot_cli.console import console
 
 STATE_FILE = "trainer_state.pt"
 # 2: the optimizer state is keyed by parameter names (distributed.DataParallel.optimizer_state),

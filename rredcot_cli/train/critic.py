@@ -36,8 +36,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from rredcot_cli.errors import ConfigError
+from rredcot_cli.policy.hf import pack_prompt_completion
+from rredcot_cli.store.atomic import atomic_path
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from rredcot_cli.config.schema import CriticConfig
 
 
 @dataclass
@@ -194,8 +200,6 @@ class ValueCritic:
     def _forward(self, prompt_ids, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) values (float32, on the critic's device, with grad if enabled; 0 on padding) and
         the (B, T) bool mask of valid tokens, T = the longest completion of these rows."""
-        from rredcot_cli.policy.hf import pack_prompt_completion
-
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token (V(s_0) is read at the prompt's last token)")
         input_ids, attention_mask, mask, width_p = pack_prompt_completion(prompt_ids, completion_ids, self.pad_id)
@@ -337,8 +341,6 @@ class ValueCritic:
     def save_weights(self, path: str | Path) -> None:
         """``{"weights", "hidden_size"}`` to ``path`` with ``torch.save``, atomically (a reader
         never sees a half-written file)."""
-        from rredcot_cli.store.atomic import atomic_path
-
         payload = {"weights": self._weights_cpu(), "hidden_size": self.hidden_size}
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
@@ -370,6 +372,25 @@ class ValueCritic:
                              f"unexpected {unexpected[:3]} ({len(unexpected)}), shape mismatch {shapes[:3]}")
         self.module.load_state_dict(weights, strict=True)  # copies into the existing device/dtype
 
+
+def build_critic(settings: CriticConfig, policy, seed: int) -> ValueCritic:
+    """A ``ValueCritic`` on a copy of ``policy``'s body, from ``settings.init`` (``critic.init``):
+    "policy" (zero value head) or a critic.pt written by ``rredcot train``; a missing or foreign
+    file is a one-line ``ConfigError``."""
+    c = settings
+    critic = ValueCritic.from_policy(policy.model, pad_id=policy.tokenizer.pad_token_id, lr=c.lr,
+                                     updates_per_batch=c.updates_per_batch, minibatch_size=c.minibatch_size,
+                                     value_clip=c.value_clip, grad_clip=c.grad_clip, weight_decay=c.weight_decay,
+                                     seed=seed)
+    if c.init != "policy":
+        if not Path(c.init).is_file():
+            raise ConfigError(f"critic.init={c.init}: no such file; use critic.init=policy or the critic.pt "
+                              f"of a ppo run (RUN/train/checkpoints/final/critic.pt)")
+        try:
+            critic.load_weights(c.init)
+        except ValueError as e:
+            raise ConfigError(f"critic.init={c.init}: {e}; it must be the critic.pt of a ppo run with this model") from e
+    return critic
 
 def _to_cpu(obj):
     """``obj`` with every tensor copied to CPU (containers rebuilt, other values kept): a copy, so

@@ -46,6 +46,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
+from rredcot_cli.policy.logprobs import completion_logprobs
+from rredcot_cli.policy.weights import unwrap
+
 PARALLEL_MODES = ("ddp", "fsdp2")
 
 
@@ -60,8 +63,6 @@ class CompletionLogprobs(torch.nn.Module):
         self.module = module
 
     def forward(self, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs):
-        from rredcot_cli.policy.logprobs import completion_logprobs
-
         return completion_logprobs(self.module, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs)
 
 
@@ -212,7 +213,7 @@ class DataParallel:
             trained = DistributedDataParallel(CompletionLogprobs(model), device_ids=device_ids,
                                               broadcast_buffers=False)
             return trained, model
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # deferred: ~4 s to import; only train.parallel=fsdp2 shards
 
         plain = copy.deepcopy(model)
         device_type = next(model.parameters()).device.type
@@ -242,6 +243,7 @@ class DataParallel:
         they are the same tensors). Collective: every rank calls it."""
         if not self.distributed or self.mode != "fsdp2":
             return
+        # deferred: ~4 s to import (FSDP); only checkpoints and fsdp2 need it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True))
@@ -251,6 +253,7 @@ class DataParallel:
         """After ``plain`` was loaded from a checkpoint: put its weights into the shards."""
         if not self.distributed or self.mode != "fsdp2":
             return
+        # deferred: ~4 s to import (FSDP); only checkpoints and fsdp2 need it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         state = {f"module.{k}": v for k, v in plain.state_dict().items()}
@@ -259,6 +262,7 @@ class DataParallel:
     def optimizer_state(self, trained: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         """The optimizer's state keyed by parameter names of the plain model (full tensors, on
         the CPU), the same in every mode and world size. Collective; complete on rank 0."""
+        # deferred: ~4 s to import (FSDP); only checkpoints and fsdp2 need it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         root = trained if self.mode == "fsdp2" and self.distributed else _unwrap(trained)
@@ -267,6 +271,7 @@ class DataParallel:
         return _rename_optimizer_state(state, _strip_root) if root is trained else state
 
     def load_optimizer_state(self, trained: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        # deferred: ~4 s to import (FSDP); only checkpoints and fsdp2 need it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if self.mode == "fsdp2" and self.distributed:
@@ -313,8 +318,6 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    from rredcot_cli.policy.weights import unwrap
-
     return unwrap(model)
 
 

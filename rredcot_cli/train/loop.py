@@ -46,36 +46,51 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from rredcot_cli.rng import derive_seed, seed_everything
+from rredcot_cli.console import console, progress_bar
+from rredcot_cli.rng import derive_seed
 from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
-from rredcot_cli.pipeline import attribute, completion_entropies, credit_batch, evaluate, sample_rows, segment_rows
+from rredcot_cli.pipeline import (attribute, completion_entropies, credit_batch, evaluate, prompts_per_call,
+                                  sample_rows, segment_rows)
 from rredcot_cli.segmenters import needs_entropy
-from rredcot_cli.stages.common import (
-    console,
-    make_benchmark,
-    make_collaborators,
-    make_policy,
-    progress_bar,
-    prompts_per_call,
-    segmenter_and_kwargs,
-)
 from rredcot_cli.train.checkpoint import TrainState
+from rredcot_cli.train.critic import build_critic
 from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats,
                                 auto_micro_batch_tokens, lr_lambda, policy_update)
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import CriticConfig, SamplingConfig, TrainConfig
 
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
 _NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=float("nan"),
                          approx_kl_old=float("nan"), entropy=float("nan"), grad_norm=float("nan"), lr=float("nan"),
                          skipped=0, updates=0, trailing_skipped=0)
+
+
+@dataclass
+class TrainSettings:
+    """What the loop reads from the config, typed: the stage (stages/train.py) builds it from the
+    composed config, so nothing below takes the config itself."""
+
+    seed: int
+    train: TrainConfig  # train.*
+    sampling: SamplingConfig  # sampling.*
+    critic: CriticConfig  # critic.*: read only for a method that needs a critic
+    train_split: str  # benchmark.train_split
+    eval_split: str  # benchmark.eval_split
+    backend_batch_size: int  # backend.batch_size: completions per generate() call
+    segment_rule: str  # segment.name
+    segment_kwargs: dict  # every other segment.* setting
+    lora: trainable.LoraSettings | None  # model.lora when model.lora.r > 0
+    save_dtype: str  # model.dtype, the final checkpoint's
+    tracked_config: dict  # the whole resolved config, as the trackers record it
 
 
 @dataclass
@@ -124,15 +139,17 @@ class Trainer:
     forward pass, the credit method, the optimizer, the data-parallel group, the step clock and
     the recorder. ``fit()`` runs it; ``step(step)`` is one step of the algorithm."""
 
-    def __init__(self, cfg: DictConfig, *, spec, params: dict, out, parallel: distributed.DataParallel,
-                 precision: Precision, hyper: UpdateHyper, trackers: list[str]):
-        self.cfg, self.t, self.s = cfg, cfg.train, cfg.sampling
+    def __init__(self, settings: TrainSettings, *, benchmark, policy, spec, params: dict, segmenter: Callable,
+                 out, parallel: distributed.DataParallel, precision: Precision, hyper: UpdateHyper,
+                 trackers: list[str]):
+        """``benchmark`` and ``policy`` come built (and the global RNGs seeded) by the stage;
+        everything else the loop needs is built here, in this order, from them and ``settings``."""
+        self.settings, self.t, self.s = settings, settings.train, settings.sampling
         self.spec, self.params, self.out, self.parallel, self.precision = spec, params, out, parallel, precision
-        self.hyper = hyper
+        self.hyper, self.benchmark, self.policy, self.segmenter = hyper, benchmark, policy, segmenter
         self.checkpoints = out.dir / "checkpoints"
         self.config_hash = out.manifest["config_hash"]
         self.saved = self._resumable()
-        seed_everything(cfg.seed)
         self._load_data()
         self._build_policy()
         self._build_method()
@@ -144,7 +161,8 @@ class Trainer:
                                    parallel=parallel, clock=self.clock)
         self.parts = checkpoint.Stateful(self.trained, self.plain, parallel, self.tokenizer, self.optimizer,
                                           self.scheduler, self.generator, self.critic, self.stepper)
-        self.recorder = Recorder(out, trackers, cfg, parallel.is_main, spec.name, self.t.save_rollouts)
+        self.recorder = Recorder(out, trackers, settings.tracked_config, parallel.is_main, spec.name,
+                                 self.t.save_rollouts)
         self.state = TrainState()
 
     # ------------------------------------------------------------------ setup, in the order it runs
@@ -163,23 +181,21 @@ class Trainer:
         return saved
 
     def _load_data(self) -> None:
-        cfg, t = self.cfg, self.t
-        self.benchmark = make_benchmark(cfg)
+        settings, t = self.settings, self.t
         draws_per_step = t.max_sampling_rounds if t.dynamic_sampling else 1
-        self.train_problems = self.benchmark.load(cfg.benchmark.train_split,
+        self.train_problems = self.benchmark.load(settings.train_split,
                                                   limit=t.steps * t.prompts_per_step * draws_per_step)
-        self.eval_problems = self.benchmark.load(cfg.benchmark.eval_split, limit=t.eval_problems)
+        self.eval_problems = self.benchmark.load(settings.eval_split, limit=t.eval_problems)
         if not self.train_problems:
-            raise TrainingError(f"benchmark {self.benchmark.name}: split {cfg.benchmark.train_split!r} has no "
+            raise TrainingError(f"benchmark {self.benchmark.name}: split {settings.train_split!r} has no "
                                 "problems to train on")
 
     def _build_policy(self) -> None:
         """The policy (sampler + trained weights), its forward pass, the gradient stepper and the
         frozen reference, wrapped for data parallelism."""
-        cfg, t, s, precision = self.cfg, self.t, self.s, self.precision
-        self.policy = policy = make_policy(cfg)
-        lora = trainable.LoraSettings(**OmegaConf.to_container(cfg.model.lora)) if cfg.model.lora.r > 0 else None
-        model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing, lora=lora)
+        t, s, precision, policy = self.t, self.s, self.precision, self.policy
+        model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
+                                  lora=self.settings.lora)
         policy.model = model  # methods score with the policy being trained (adapters included)
         self.tokenizer = policy.tokenizer
         self.autocast = functools.partial(precision.autocast, policy.device)
@@ -198,11 +214,12 @@ class Trainer:
             policy.backend.sync_weights(self.plain)
 
     def _build_method(self) -> None:
-        """The segmenter and the credit method's collaborators (a critic for ppo)."""
-        cfg = self.cfg
-        self.segmenter, self.segment_kwargs = segmenter_and_kwargs(cfg)
-        self.segment_needs_entropy = needs_entropy(cfg.segment.name)
-        self.collaborators = make_collaborators(cfg, self.spec, self.policy)
+        """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""
+        settings = self.settings
+        self.segment_needs_entropy = needs_entropy(settings.segment_rule)
+        self.collaborators = {"scorer": self.policy.backend, "policy": self.policy}
+        if "critic" in self.spec.needs:
+            self.collaborators["critic"] = build_critic(settings.critic, self.policy, settings.seed)
         self.critic = self.collaborators.get("critic")
         self.answer_probe = getattr(self.benchmark, "ANSWER_PROBE", None)
         # A method with a critic fits it on the whole batch, so its credit is computed on the whole batch.
@@ -217,13 +234,13 @@ class Trainer:
                                         device=self.policy.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, updates_total))
-        self.generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "minibatches"))
+        self.generator = torch.Generator().manual_seed(derive_seed(self.settings.seed, "minibatches"))
 
     def _check_sampling(self) -> None:
-        cfg, t, parallel = self.cfg, self.t, self.parallel
-        self.prompts_per_call = ppc = prompts_per_call(cfg.backend.batch_size, self.s.n)
+        batch_size, t, parallel = self.settings.backend_batch_size, self.t, self.parallel
+        self.prompts_per_call = ppc = prompts_per_call(batch_size, self.s.n)
         if parallel.distributed and parallel.shard_chunks and -(-t.prompts_per_step // ppc) < parallel.world_size:
-            console.print(f"[yellow]backend.batch_size={cfg.backend.batch_size} makes {-(-t.prompts_per_step // ppc)} "
+            console.print(f"[yellow]backend.batch_size={batch_size} makes {-(-t.prompts_per_step // ppc)} "
                           f"generate call(s) per step for {parallel.world_size} ranks: some ranks idle while "
                           f"sampling; a smaller backend.batch_size spreads sampling over every rank (and changes "
                           f"the samples)[/yellow]")
@@ -293,7 +310,7 @@ class Trainer:
         keys = ("train-sample", step) + ((round_index,) if round_index else ())
         with self.autocast():
             return sample_rows(self.policy, self.benchmark, problems, n=s.n, max_new_tokens=s.max_new_tokens,
-                               temperature=s.temperature, top_p=s.top_p, seed=derive_seed(self.cfg.seed, *keys),
+                               temperature=s.temperature, top_p=s.top_p, seed=derive_seed(self.settings.seed, *keys),
                                prompts_per_call=self.prompts_per_call, map_chunks=self.parallel.map_chunks)
 
     def credit(self, samples: list[dict]):
@@ -303,8 +320,8 @@ class Trainer:
         mine = samples if self.batch_wide else self.parallel.groups_share(samples)
         with self.clock.phase("segment"):
             entropies = completion_entropies(self.policy, mine) if self.segment_needs_entropy and mine else None
-            segments = segment_rows(mine, self.tokenizer, self.segmenter, self.cfg.segment.name,
-                                    entropies=entropies, **self.segment_kwargs)
+            segments = segment_rows(mine, self.tokenizer, self.segmenter, self.settings.segment_rule,
+                                    entropies=entropies, **self.settings.segment_kwargs)
         with self.clock.phase("credit"):
             batch = self._credit_batch(mine, segments)
             credit = attribute(self.spec, batch, self.params, self.collaborators) if mine else None
@@ -376,7 +393,7 @@ class Trainer:
         with self.autocast():
             return evaluate(self.policy, self.benchmark, self.eval_problems, n=t.eval_samples,
                             ks=[1, t.eval_samples], max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_p=s.top_p, seed=derive_seed(self.cfg.seed, "eval"),
+                            top_p=s.top_p, seed=derive_seed(self.settings.seed, "eval"),
                             prompts_per_call=self.prompts_per_call, model_name=f"step-{step}",
                             map_chunks=self.parallel.map_chunks)
 
@@ -429,7 +446,7 @@ class Trainer:
     def _finish(self) -> Fitted:
         final_dir = self.checkpoints / "final"
         if self.parallel.is_main:
-            _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic, dtype_of(self.cfg.model.dtype))
+            _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic, dtype_of(self.settings.save_dtype))
         eval_rows_after, eval_after = self.held_out_eval(self.t.steps)
         # CPU time of this process's threads (an in-process vLLM engine included; a process of its
         # own, as on GPUs, is not): with several threads busy it exceeds the wall time.
@@ -444,11 +461,11 @@ class Recorder:
     steps the step's samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
     On the other ranks it writes nothing."""
 
-    def __init__(self, out, trackers: list[str], cfg: DictConfig, is_main: bool, method: str, save_rollouts: int):
+    def __init__(self, out, trackers: list[str], config: dict, is_main: bool, method: str, save_rollouts: int):
         self.out, self.is_main, self.method, self.save_rollouts = out, is_main, method, save_rollouts
         self.metrics_path = out.dir / "metrics.parquet"
         self.metrics = metrics_log.MetricsLog(self.metrics_path)  # converts only each step's new row
-        self.trackers = _open_trackers(trackers, cfg, out) if is_main else tracking.Trackers([])
+        self.trackers = _open_trackers(trackers, config, out) if is_main else tracking.Trackers([])
 
     def write(self, step: int, history: list[dict], result: StepResult) -> None:
         if not self.is_main:
@@ -561,11 +578,11 @@ def _progress_info(row: dict, step_tokens: int) -> str:
     return info
 
 
-def _open_trackers(names: list[str], cfg: DictConfig, out) -> tracking.Trackers:
+def _open_trackers(names: list[str], config: dict, out) -> tracking.Trackers:
     if not names:
         return tracking.Trackers([])
     run_id = tracking.run_id(out.dir, out.manifest["created"])
-    trackers = tracking.open_trackers(names, out.dir, config=OmegaConf.to_container(cfg, resolve=True),
+    trackers = tracking.open_trackers(names, out.dir, config=config,
                                       run_id=run_id, run_name=out.dir.parent.name)
     console.print(f"tracking: {', '.join(names)} (run id {run_id})")
     return trackers

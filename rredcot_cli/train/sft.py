@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.policy.model_files import save_tokenizer
@@ -128,8 +129,6 @@ def train_sft(
     Returns ``{"loss", "steps", "seconds", "num_parameters", "history", **final eval}``, where
     ``loss`` is the mean completion loss of the last 20 steps and ``history`` a list of dicts.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     seed_everything(seed)
     output_dir = Path(output_dir)
 

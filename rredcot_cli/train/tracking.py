@@ -27,6 +27,9 @@ import shutil
 import threading
 from pathlib import Path
 from typing import Any, Callable
+import hashlib
+
+import yaml
 
 from rredcot_cli.errors import RredcotError, full_disk_errno, storage_error
 
@@ -55,8 +58,6 @@ def check(names: list[str]) -> list[str]:
 def run_id(train_dir: Path, created: str) -> str:
     """An id for the trackers that stays the same when this train folder's attempt (made at
     ``created``) is resumed."""
-    import hashlib
-
     return hashlib.sha256(f"{Path(train_dir).resolve()}|{created}".encode()).hexdigest()[:12]
 
 
@@ -141,9 +142,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 class _TensorBoard:
     def __init__(self, folder: Path, config: dict, run_id: str, run_name: str) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
-
-        import yaml
+        from torch.utils.tensorboard import SummaryWriter  # optional dependency: the tensorboard package
 
         self.writer = SummaryWriter(log_dir=str(folder / "tensorboard"))
         self.writer.add_text("run_id", run_id)
@@ -160,7 +159,7 @@ class _TensorBoard:
 
 class _Wandb:
     def __init__(self, folder: Path, config: dict, run_id: str, run_name: str) -> None:
-        import wandb
+        import wandb  # optional dependency: the chosen tracker's package
 
         self.wandb = wandb
         folder.mkdir(parents=True, exist_ok=True)
@@ -178,7 +177,7 @@ class _Trackio:
     def __init__(self, folder: Path, config: dict, run_id: str, run_name: str) -> None:
         # trackio reads its store's location when it is imported
         os.environ.setdefault("TRACKIO_DIR", str(folder / "trackio"))
-        import trackio
+        import trackio  # optional dependency: the chosen tracker's package
 
         self.trackio = trackio
         self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", DEFAULT_PROJECT), name=f"{run_name}-{run_id}",
@@ -193,7 +192,7 @@ class _Trackio:
 
 class _Mlflow:
     def __init__(self, folder: Path, config: dict, run_id: str, run_name: str) -> None:
-        import mlflow
+        import mlflow  # optional dependency: the chosen tracker's package
 
         self.mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):  # a local database (mlflow's file store is deprecated)

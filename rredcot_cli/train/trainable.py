@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from rredcot_cli.train.precision import Precision
 from rredcot_cli.train.update import ForwardPass
 from rredcot_cli.policy.weights import hf_weights, is_lora, unwrap
+from rredcot_cli.errors import RredcotError
 
 ADAPTER_DIR = "adapter"  # the LoRA adapter beside a merged final checkpoint
 
@@ -58,10 +60,8 @@ def prepare(model: torch.nn.Module, precision: Precision, *, gradient_checkpoint
 
 def _with_lora(model: torch.nn.Module, precision: Precision, lora: LoraSettings) -> torch.nn.Module:
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # optional dependency: peft (the lora extra)
     except ImportError as e:
-        from rredcot_cli.errors import RredcotError
-
         raise RredcotError("model.lora.r > 0 needs peft: pip install -e '.[lora]'") from e
     model.to(precision.compute_dtype or precision.param_dtype)
     targets = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
@@ -112,11 +112,9 @@ def save_trained_weights(model: torch.nn.Module, folder: Path) -> None:
 
 def load_trained_weights(model: torch.nn.Module, folder: Path) -> None:
     """Load what ``save_trained_weights`` wrote into ``model``; ValueError if it does not fit."""
-    from safetensors.torch import load_file
-
     model = unwrap(model)
     if is_lora(model):
-        from peft import set_peft_model_state_dict
+        from peft import set_peft_model_state_dict  # optional dependency: peft (the lora extra)
 
         file = folder / "adapter_model.safetensors"
         if not file.is_file():

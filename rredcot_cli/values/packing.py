@@ -23,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from rredcot_cli.policy.logprobs import scored_positions_forward
+from rredcot_cli.policy.kvcache import prefilled_cache
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,6 @@ def _encode_traces(model: torch.nn.Module, traces: list[list[int]], device: str,
     float32 log-probs (N,) of trace ``rows[i]``'s own token ``cols[i] + 1`` (teacher forcing) on
     the CPU: only the positions that probes read off the encoding are scored.
     """
-    from transformers import DynamicCache
-
     T = max(len(t) for t in traces)
     input_ids = torch.zeros(len(traces), T, dtype=torch.long)
     attention = torch.zeros(len(traces), T, dtype=torch.long)
@@ -349,8 +349,6 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
     inside this forward and the trace's logits never need to be kept; probes in a row do not see
     each other. One cache row per probe row (not per probe) keeps the copy of the cache small: it
     is copied once, into storage with room for the row (``kvcache.prefilled_cache``)."""
-    from rredcot_cli.policy.kvcache import prefilled_cache
-
     if not rows:
         return
     context = max(probes[i].prefix_len for _, indices in rows for i in indices) - 1

@@ -12,7 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from rredcot_cli import methods
-from rredcot_cli.config.compose import CONF_DIR, ConfigError, compose, config_hash, default_options, group_options
+from rredcot_cli.config.compose import compose, config_hash
+from rredcot_cli.config.search import CONF_DIR, default_options, group_options
+from rredcot_cli.errors import ConfigError
 from rredcot_cli.methods import MethodSpec
 
 REPO = Path(__file__).resolve().parents[2]

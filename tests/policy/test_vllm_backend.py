@@ -335,7 +335,7 @@ def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, char_tok
 def test_batch_size_zero_means_all_prompts_in_one_call(tmp_path):
     from rredcot_cli.config.compose import compose
     from rredcot_cli.policy.load import load_policy
-    from rredcot_cli.stages.common import prompts_per_call
+    from rredcot_cli.pipeline import prompts_per_call
 
     assert prompts_per_call(0, 8) == sys.maxsize and prompts_per_call(64, 8) == 8 and prompts_per_call(4, 8) == 1
     cfg = compose(["backend=vllm", f"run.dir={tmp_path}"])

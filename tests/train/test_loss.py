@@ -199,7 +199,8 @@ def test_dual_clip_equals_verls_formula_on_random_tokens():
 
 
 def test_new_loss_options_default_off_and_are_checked():
-    from rredcot_cli.config.compose import ConfigError, compose
+    from rredcot_cli.config.compose import compose
+    from rredcot_cli.errors import ConfigError
     from rredcot_cli.stages.train import update_hyper
 
     cfg = compose([])

@@ -1,0 +1,169 @@
+"""The package's import structure, read from the source with ast (nothing is imported):
+
+- an import inside a function says why it is there (``# deferred: ...`` or ``# optional
+  dependency: ...``): keeping ``import rredcot_cli`` / ``rredcot --help`` light, a package that is
+  not always installed, or another reason in a few words;
+- no import circle among rredcot_cli's modules at module level;
+- only the CLI and the stages themselves import ``rredcot_cli.stages`` (the wings below them take
+  objects and settings, not the config);
+- store/ and config/ (and the report stage) import no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rredcot_cli"
+REASONS = ("deferred", "optional dependency")
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (the config tree excluded)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[1] == "conf":
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(tree: ast.Module):
+    """(import node, inside a function?, under ``if TYPE_CHECKING``?) for every import in ``tree``."""
+    def walk(node, in_function, type_only):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, in_function, type_only
+            checking = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+            yield from walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
+                            type_only or checking)
+    yield from walk(tree, False, False)
+
+
+def _imported_modules(node, module: str, is_package: bool, known: dict[str, Path]) -> set[str]:
+    """The package's modules an import statement runs: each named module and its parent packages."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".") if is_package else module.split(".")[:-1]
+            parts = parts[: len(parts) - node.level + 1]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        for k in range(2, len(parts) + 1):
+            candidate = ".".join(parts[:k])
+            if candidate in known:
+                found.add(candidate)
+    return found - {module}
+
+
+def _says_why(lines: list[str], node, import_lines: set[int]) -> bool:
+    """A reason on the statement's own lines, or in the comment right above its block of imports
+    (blank lines and other imports may sit between)."""
+    own = range(node.lineno, node.end_lineno + 1)
+    if any("#" in lines[k - 1] and any(r in lines[k - 1].split("#", 1)[1] for r in REASONS) for k in own):
+        return True
+    k = node.lineno - 1
+    while k >= 1 and (k in import_lines or not lines[k - 1].strip()):
+        k -= 1
+    text = lines[k - 1].strip() if k >= 1 else ""
+    return text.startswith("#") and any(r in text for r in REASONS)
+
+
+def test_function_level_imports_say_why():
+    unexplained = []
+    for name, path in _modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        found = list(_imports(ast.parse(source)))
+        import_lines = {k for node, _, _ in found for k in range(node.lineno, node.end_lineno + 1)}
+        for node, in_function, _ in found:
+            if in_function and not _says_why(lines, node, import_lines):
+                unexplained.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not unexplained, ("imports inside functions without '# deferred: why' or '# optional dependency: ...' "
+                             "(or move them to the top of the module):\n" + "\n".join(unexplained))
+
+
+def _module_level_graph() -> dict[str, set[str]]:
+    known = _modules()
+    graph = {}
+    for name, path in known.items():
+        edges = set()
+        for node, in_function, type_only in _imports(ast.parse(path.read_text())):
+            if not in_function and not type_only:
+                edges |= _imported_modules(node, name, path.name == "__init__.py", known)
+        graph[name] = {e for e in edges if not name.startswith(e + ".")}  # a package may import its own modules
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_at_module_level():
+    graph = _module_level_graph()
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 100  # the graph was read
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_only_the_cli_and_the_stages_import_the_stages():
+    importers = []
+    for name, path in _modules().items():
+        if name == "rredcot_cli.cli" or name.startswith("rredcot_cli.stages"):
+            continue
+        for node, _, _ in _imports(ast.parse(path.read_text())):
+            if any(m.startswith("rredcot_cli.stages") for m in _imported_modules(node, name, False, _modules())):
+                importers.append(f"{name}:{node.lineno}")
+    assert importers == []
+
+
+def test_store_config_and_report_import_no_torch():
+    """The README's one-way rule: store/ and config/ import no torch, so `rredcot --help` and
+    `rredcot report` stay fast (a function-level import marked "deferred" keeps it so)."""
+    names = [n for n in _modules() if n.startswith(("rredcot_cli.store", "rredcot_cli.config"))]
+    names.append("rredcot_cli.stages.report")
+    code = f"import importlib, sys; [importlib.import_module(n) for n in {names!r}]; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
