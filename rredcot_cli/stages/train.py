@@ -43,21 +43,25 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if out is None:
         return
     fitted = Trainer(cfg, spec=spec, params=params, out=out, parallel=parallel, precision=precision,
-                     hyper=update_hyper(cfg, precision.name), trackers=trackers).fit()
+                     hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
+                     trackers=trackers).fit()
     if parallel.is_main:  # rank 0 writes every artifact
         _write_results(spec.name, t.steps, out, fitted, trackers)
     parallel.barrier()
     parallel.close()
 
 
-def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
-    """The ``train.*`` hyper-parameters of each policy update."""
+def update_hyper(cfg: DictConfig, precision: str, token_selection=None) -> UpdateHyper:
+    """The ``train.*`` hyper-parameters of each policy update, and the credit method's token
+    selection (``MethodSpec.token_selection``; None: every token)."""
     t = cfg.train
     return UpdateHyper(
         updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size, clip_low=t.clip_low,
         clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=cfg.sampling.max_new_tokens, kl_coef=t.kl_coef,
         kl_estimator=t.kl_estimator, kl_clamp=t.kl_clamp, clip_ratio_c=t.clip_ratio_c, grad_clip=t.grad_clip,
         sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
+        query_preserved=t.query_preserved_minibatches, reward_balanced=t.reward_balanced_minibatches,
+        token_selection=token_selection,
         # The sampler's log-probs stand in for the pre-update pass where they are the same numbers.
         old_from_sampler=old_from_sampler(t.old_logprobs, cfg.backend.name, precision, t.sampler_correction,
                                           cfg.backend.kv_cache_dtype))
