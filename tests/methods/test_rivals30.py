@@ -190,3 +190,38 @@ def test_train_runs_two_steps(tmp_path, choice):
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = pq.read_table(run / "train/metrics.parquet").to_pylist()
     assert [m["step"] for m in metrics] == [1, 2] and all(math.isfinite(m["loss"]) for m in metrics)
+
+
+def test_selected_credit_is_what_the_update_trains_on():
+    """The judge's view of a loss-side selection: token advantages x the 0/1 selection, segment
+    credits = mean token advantage per segment. Two completions (A = +-0.7071), segments of 2 + 1
+    and 3 tokens; top 50% of the 6 entropies (median 0.35) keeps 0.4, 0.9, 0.5."""
+    from rredcot_cli.pipeline import selected_credit
+
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1], [3]])
+    spec = get_method("high_entropy")
+    params = {"top_quantile": 0.5, "scale_by_std": True, "eps": 1e-6}
+    credit = spec.fn(batch, **params)
+    entropies = torch.tensor([[0.1, 0.4, 0.9], [0.3, 0.2, 0.5]])
+    got = selected_credit(credit, batch, spec.token_selection(params), entropies)
+    a = float(credit.token_advantages[0, 0])
+    assert close(got.token_advantages, [[0.0, a, a], [0.0, 0.0, -a]])
+    assert close(got.segment_credits, [[a / 2, a], [-a / 3, NAN]])
+
+
+def test_judge_runs_both_credit_rivals(tmp_path):
+    """`rredcot judge` on both: grpo_vps with its probe values, high_entropy on the credit its
+    loss would train on (GRPO's advantage on the selected tokens: segments differ)."""
+    run = tmp_path / "runs" / "rivals30"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    small = SMALL[:4]
+    for args in (["sample", "sample.num_prompts=2"], ["segment"],
+                 ["judge", "judge.methods=[grpo,high_entropy,grpo_vps]", "judge.reference_k=2", "judge.reruns=1"]):
+        result = subprocess.run([sys.executable, "-m", "rredcot_cli", *args[:1], f"run.dir={run}", *small, *args[1:]],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+    rows = pq.read_table(run / "judge/credit_quality.parquet").to_pylist()
+    assert [r["method"] for r in rows] == ["grpo", "high_entropy", "grpo_vps"]
+    grpo, high, vps = rows
+    assert grpo["credit_constant"] and not high["credit_constant"]
+    assert vps["value_spearman"] is not None and grpo["value_spearman"] is None
