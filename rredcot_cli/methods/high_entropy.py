@@ -32,6 +32,10 @@ Deviations, and why:
   (``ForwardPass``), i.e. the sampling distribution, as TRL computes them from the logits divided
   by its temperature.
 
+``rredcot attribute`` writes GRPO's credit (the selection needs the update's forward);
+``rredcot judge`` scores the credit the update trains on, GRPO's advantage on the selected tokens,
+with entropies from one pass over the judged batch (``pipeline.selected_credit``).
+
 Shapes: the credit is GRPO's (token advantages (B, T), 0 on padding; segment credits (B, S));
 ``high_entropy_mask``: entropies (B, T) float, mask (B, T) bool -> (B, T) float32 0/1.
 """
