@@ -212,6 +212,25 @@ def attribute(spec: MethodSpec, batch: CreditBatch, params: dict[str, Any], coll
     return spec.fn(batch, **params, **{name: collaborators[name] for name in spec.needs})
 
 
+def selected_credit(credit: Credit, batch: CreditBatch, selection: Callable, entropies: torch.Tensor) -> Credit:
+    """The credit an update trains on when the method also picks the tokens that carry the policy
+    gradient (``MethodSpec.token_selection``, e.g. high_entropy): token advantages times the
+    selection's 0/1 weights from ``entropies`` (B, T), and segment credits = the mean token
+    advantage over each segment's tokens (NaN past K_i). For the judge, which sees no update: the
+    entropies come from one pass over the whole judged batch (the update takes them from each of
+    its forwards), so the selection's quantile is the batch's."""
+    mask = batch.token_mask
+    weights = selection(entropies[:, : mask.shape[1]], mask).to(torch.float32)
+    tokens = torch.where(mask, credit.token_advantages * weights, torch.zeros(()))
+    B, S = mask.shape[0], batch.max_segments
+    index = batch.segment_ids.clamp(min=0)
+    sums = torch.zeros(B, S).scatter_add_(1, index, tokens)
+    counts = torch.zeros(B, S).scatter_add_(1, index, mask.to(torch.float32))
+    credits = torch.where(counts > 0, sums / counts.clamp(min=1), torch.full((B, S), float("nan")))
+    return Credit(token_advantages=tokens.contiguous(), segment_values=credit.segment_values, segment_credits=credits,
+                  token_values=credit.token_values, value_targets=credit.value_targets)
+
+
 def credit_rows(samples: list[dict], batch: CreditBatch, credit: Credit, method: str) -> tuple[list[dict], list[dict]]:
     """Per-segment credit rows and per-completion advantage rows in the artifact schemas."""
     credits: list[dict] = []

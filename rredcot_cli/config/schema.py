@@ -210,6 +210,11 @@ class TrainConfig:
     updates_per_batch: int = 2
     # Completions per optimizer step (the batch is shuffled and cut into minibatches).
     minibatch_size: int = 32
+    # The "cancellation hypothesis" batching (arXiv 2605.08666; rredcot_cli/train/batching.py):
+    # every minibatch holds whole prompt groups, and/or the batch's mix of positive and negative
+    # rollouts (by the sign of the advantage). Off: shuffled rows. experiment=grpo_cancel sets both.
+    query_preserved_minibatches: bool = False
+    reward_balanced_minibatches: bool = False  # see query_preserved_minibatches
     # The ratio pi/pi_old is clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low: DAPO's clip-higher).
     clip_low: float = 0.2
     clip_high: float = 0.2  # see clip_low

@@ -33,6 +33,10 @@ class MethodSpec:
     # ("The final answer is {answer}") and so needs the benchmark's ANSWER_PROBE or
     # method.probe_template; checked before a stage makes its folder (preflight).
     forced_answer: Callable[[dict], bool] | None = None
+    # Whether, with these hyper-parameters, the method also picks which tokens carry the
+    # policy-gradient term: ``loss_tokens(params)`` returns ``fn(entropies (B, T), mask (B, T)) ->
+    # (B, T)`` 0/1 weights, applied to every forward of the update (``train/update.py``), or None.
+    loss_tokens: Callable[[dict], Callable | None] | None = None
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
@@ -40,22 +44,29 @@ class MethodSpec:
     def scores_forced_answer(self, params: dict) -> bool:
         return self.forced_answer is not None and bool(self.forced_answer(params))
 
+    def token_selection(self, params: dict) -> Callable | None:
+        """The update's token selection for these hyper-parameters (``loss_tokens``), or None."""
+        return self.loss_tokens(params) if self.loss_tokens is not None else None
+
 
 _REGISTRY: dict[str, MethodSpec] = {}
 _NOT_METHOD_MODULES = {"base"}
 
 
 def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False,
-             ranges: dict[str, str] | None = None, forced_answer: Callable[[dict], bool] | None = None) -> Callable:
+             ranges: dict[str, str] | None = None, forced_answer: Callable[[dict], bool] | None = None,
+             loss_tokens: Callable[[dict], Callable | None] | None = None) -> Callable:
     """Register ``fn`` as credit method ``name``; ``ranges`` gives each numeric parameter of
     ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.config.schema.RANGES``);
-    ``forced_answer(params)`` says whether it scores a forced answer (``MethodSpec``)."""
+    ``forced_answer(params)`` says whether it scores a forced answer; ``loss_tokens(params)`` gives
+    the update's token selection, if any (``MethodSpec``)."""
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"credit method {name!r} is registered twice")
         _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide,
-                                     ranges=dict(ranges or {}), forced_answer=forced_answer)
+                                     ranges=dict(ranges or {}), forced_answer=forced_answer,
+                                     loss_tokens=loss_tokens)
         return fn
 
     return decorator

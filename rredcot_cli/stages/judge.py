@@ -52,7 +52,7 @@ from rredcot_cli.train.distributed import split_evenly
 from rredcot_cli.report.judge import (advantage_spread, agreement, checks_steps, constant_within_completions,
                                       first_error_segments, localisation, problem_of)
 from rredcot_cli.methods.mc import mc_reference_values
-from rredcot_cli.pipeline import attribute, credit_batch
+from rredcot_cli.pipeline import attribute, completion_entropies, credit_batch, selected_credit
 from rredcot_cli.metrics import mean_ci
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
@@ -208,14 +208,18 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                 for sample, values, count in zip(batch_samples, ref_values, batch.num_segments.tolist()):
                     computed[(sample["prompt_id"], int(sample["sample_idx"]))] = values[: count + 1].tolist()
             advance(1)
+            entropies = None  # of this batch's completions, once, for methods that select tokens in the loss
             for name in names:
                 advance(0, info=f"{where}{name}")
                 spec = get_method(name)
                 collaborators = make_collaborators(cfg, spec, policy) if spec.needs else {}
                 warn_if_untrained_critic(cfg, spec)
+                if entropies is None and spec.token_selection(all_params[name]) is not None:
+                    entropies = batch_entropies(policy, batch_samples, batch.segment_ids.shape[1])
                 row = judge_method(name, all_params[name], batch_samples, batch_segments, answer_probe, collaborators,
                                    ref_values, targets, reruns=cfg.judge.reruns, seed=cfg.seed,
-                                   sample_seconds=batch_sample_seconds[index], benchmark=benchmark)
+                                   sample_seconds=batch_sample_seconds[index], benchmark=benchmark,
+                                   entropies=entropies)
                 rows.append({**row, "batch": index})
                 advance(1)
     seconds = time.perf_counter() - started
@@ -286,12 +290,25 @@ def reference_rows(values: dict[tuple[str, int], list[float]], samples: list[dic
     return out
 
 
+def batch_entropies(policy, samples: list[dict], width: int) -> torch.Tensor:
+    """(B, width) next-token entropy at every completion token of ``samples`` (0 on padding)."""
+    out = torch.zeros(len(samples), width)
+    for i, row in enumerate(completion_entropies(policy, samples)):
+        out[i, : len(row)] = torch.tensor(row[:width])
+    return out
+
+
 def judge_method(name: str, params: dict[str, Any], samples: list[dict], segments: list[dict],
                  answer_probe: str | None, collaborators: dict[str, Any], ref_values, targets: list | None, *, reruns: int, seed: int,
-                 sample_seconds: float | None, benchmark: Any = None) -> dict[str, Any]:
+                 sample_seconds: float | None, benchmark: Any = None,
+                 entropies: torch.Tensor | None = None) -> dict[str, Any]:
     """One credit-quality row: the method run ``reruns`` times on a fresh batch of the traces
-    (``benchmark``: the configured one, for methods that verify new text)."""
+    (``benchmark``: the configured one, for methods that verify new text). A method that also
+    selects the tokens of the policy gradient (``MethodSpec.token_selection``) is judged on the
+    credit the update would train on (``pipeline.selected_credit``, with ``entropies`` (B, T) of
+    the traces under the judged policy)."""
     spec = get_method(name)
+    selection = spec.token_selection(params)
     measures: list[dict[str, Any]] = []
     advantages = []
     constant = True
@@ -304,6 +321,8 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
         batch = credit_batch(samples, segments, answer_probe=answer_probe, benchmark=benchmark)
         started = time.perf_counter()
         credit = attribute(spec, batch, seeded(params, rerun_seed), collaborators)
+        if selection is not None:
+            credit = selected_credit(credit, batch, selection, entropies)
         seconds = time.perf_counter() - started
         stats = batch.extras.get("value_stats") or {}
         measures.append({

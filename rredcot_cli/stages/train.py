@@ -56,7 +56,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     policy = make_policy(cfg)
     trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
                       segmenter=segmenter, out=out, parallel=parallel, precision=precision,
-                      hyper=update_hyper(cfg, precision.name), trackers=trackers)
+                      hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
+                      trackers=trackers)
     try:
         fitted = trainer.fit()
         weight_sync = _weight_sync_record(policy.backend, parallel)
@@ -98,14 +99,17 @@ def train_settings(cfg: DictConfig, segment_kwargs: dict) -> TrainSettings:
         save_dtype=cfg.model.dtype, tracked_config=OmegaConf.to_container(cfg, resolve=True))
 
 
-def update_hyper(cfg: DictConfig, precision: str) -> UpdateHyper:
-    """The ``train.*`` hyper-parameters of each policy update."""
+def update_hyper(cfg: DictConfig, precision: str, token_selection=None) -> UpdateHyper:
+    """The ``train.*`` hyper-parameters of each policy update, and the credit method's token
+    selection (``MethodSpec.token_selection``; None: every token)."""
     t = cfg.train
     return UpdateHyper(
         updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size, clip_low=t.clip_low,
         clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=cfg.sampling.max_new_tokens, kl_coef=t.kl_coef,
         kl_estimator=t.kl_estimator, kl_clamp=t.kl_clamp, clip_ratio_c=t.clip_ratio_c, grad_clip=t.grad_clip,
         sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
+        query_preserved=t.query_preserved_minibatches, reward_balanced=t.reward_balanced_minibatches,
+        token_selection=token_selection,
         # The sampler's log-probs stand in for the pre-update pass where they are the same numbers.
         old_from_sampler=old_from_sampler(t.old_logprobs, cfg.backend.name, precision, t.sampler_correction,
                                           cfg.backend.kv_cache_dtype))

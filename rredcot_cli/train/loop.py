@@ -340,7 +340,7 @@ class Trainer:
                                  UpdateBatch(prompt_ids=batch.prompt_token_ids,
                                              completion_ids=batch.completion_token_ids,
                                              advantages=credit.token_advantages, pad_id=self.tokenizer.pad_token_id,
-                                             sampler_logprobs=batch.old_logprobs),
+                                             sampler_logprobs=batch.old_logprobs, group_ids=batch.group_ids),
                                  self.hyper, self.engine)
 
     def refresh(self, batch, credit: Credit):

@@ -188,6 +188,7 @@ def policy_loss(
     kl_clamp: float = 0.0,
     clip_ratio_c: float = 0.0,
     sampler_weights: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped surrogate loss. All tensors are (B, T); ``mask`` is True on completion tokens.
@@ -200,6 +201,9 @@ def policy_loss(
     ``sampler_weights`` (``sampler_correction_weights``) multiply the policy-gradient term of
     each token (not the KL term, which is an estimate under the current policy, as in TRL);
     ``normalizer`` is the minibatch's ``loss_normalizer`` when these rows are a micro-batch.
+    ``token_weights`` (B, T), a credit method's token selection (``UpdateHyper.token_selection``),
+    multiply the policy-gradient term the same way and leave the normaliser alone: a token left
+    out still counts in the token mean, as in TRL's ``top_entropy_quantile``.
     """
     mask = mask.bool()
     old_logprobs = old_logprobs.detach()
@@ -215,6 +219,8 @@ def policy_loss(
         per_token = torch.where(advantages < 0, dual, per_token)
     if sampler_weights is not None:
         per_token = per_token * sampler_weights.detach()
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
 
     kl_ref = torch.zeros((), dtype=logprobs.dtype)
     if ref_logprobs is not None and kl_coef != 0.0:

@@ -17,6 +17,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from rredcot_cli.train.batching import advantage_signs, minibatch_rows
 from rredcot_cli.train.distributed import DataParallel, is_logprob_root, split_evenly
 from rredcot_cli.policy.logprobs import completion_logprobs
 from rredcot_cli.train.loss import loss_normalizer, policy_loss, sampler_correction_weights
@@ -198,14 +199,16 @@ def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk
 @dataclass(frozen=True)
 class UpdateBatch:
     """What one update trains on: the batch's token ids (prompts and completions, unpadded),
-    the (B, T) token advantages (T = the longest completion; zero on padding), the pad id, and
-    the (B, T) log-probs the sampler recorded (or None)."""
+    the (B, T) token advantages (T = the longest completion; zero on padding), the pad id,
+    the (B, T) log-probs the sampler recorded (or None) and the (B,) prompt group of each row
+    (or None; query-preserved minibatches need it, ``batching.py``)."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     advantages: torch.Tensor
     pad_id: int
     sampler_logprobs: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,11 @@ class UpdateHyper:
     for negative advantages (0: off; ``loss.policy_loss``); ``grad_clip`` on the global gradient
     norm; ``sampler_correction`` (capped at ``sampler_cap``) on the policy-gradient term;
     ``old_from_sampler``: take the sampler's log-probs as the old ones instead of the pre-update
-    pass (``old_from_sampler()``)."""
+    pass (``old_from_sampler()``). ``query_preserved`` / ``reward_balanced``: how each pass cuts
+    the batch into minibatches (``batching.minibatch_rows``; both off: shuffled rows).
+    ``token_selection``: the credit method's choice of the tokens that carry the policy-gradient
+    term, ``fn(entropies (B, T), mask (B, T)) -> (B, T)`` 0/1 weights computed from each forward
+    of the update (``MethodSpec.loss_tokens``; e.g. ``methods/high_entropy.py``), or None (all)."""
 
     updates_per_batch: int
     minibatch_size: int
@@ -235,6 +242,9 @@ class UpdateHyper:
     sampler_correction: str = "none"
     sampler_cap: float = 2.0
     old_from_sampler: bool = False
+    query_preserved: bool = False
+    reward_balanced: bool = False
+    token_selection: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -295,9 +305,13 @@ def policy_update(
     stepper = engine.stepper or GradientStepper(Precision("fp32", torch.float32, None))
     rows = forward.rows_per_pass(hyper.minibatch_size)
     params = [p for p in model.parameters() if p.requires_grad]
+    plan_minibatches = functools.partial(
+        minibatch_rows, B, hyper.minibatch_size, engine.generator, group_ids=batch.group_ids,
+        row_signs=advantage_signs(batch.advantages) if hyper.reward_balanced else None,
+        query_preserved=hyper.query_preserved, reward_balanced=hyper.reward_balanced)
     if carries_no_signal(batch.advantages, reference, hyper.kl_coef):
-        return _steps_without_signal(model, optimizer, scheduler, params, stepper, B, hyper.updates_per_batch,
-                                     hyper.minibatch_size, hyper.grad_clip, engine.generator)
+        return _steps_without_signal(model, optimizer, scheduler, params, stepper, hyper.updates_per_batch,
+                                     plan_minibatches, hyper.grad_clip)
     model.eval()
     ids = (batch.prompt_ids, batch.completion_ids, batch.pad_id)
     sampler_logprobs = batch.sampler_logprobs
@@ -331,9 +345,7 @@ def policy_update(
     entropy_sums = [0.0, 0.0]  # the first pass's entropy x tokens and tokens, without a pre-pass
     first_forwards = MismatchSums()  # the mismatch in the forwards before the first step, without one
     for epoch in range(hyper.updates_per_batch):
-        order = torch.randperm(B, generator=engine.generator).tolist()
-        for start in range(0, B, hyper.minibatch_size):
-            idx = order[start : start + hyper.minibatch_size]
+        for idx in plan_minibatches():
             # The whole minibatch's count, shared by the ranks; times W because DDP and FSDP2
             # average the ranks' gradients where the minibatch loss needs their sum.
             normalizer = loss_normalizer(mask[idx], hyper.loss_agg, hyper.max_tokens) / parallel.world_size
@@ -342,7 +354,7 @@ def policy_update(
                 model, forward, stepper, parallel, idx, rows, *ids, old_logprobs, batch.advantages, ref_logprobs,
                 weights, normalizer, clip_low=hyper.clip_low, clip_high=hyper.clip_high, loss_agg=hyper.loss_agg,
                 max_tokens=hyper.max_tokens, kl_coef=hyper.kl_coef, kl_estimator=hyper.kl_estimator,
-                kl_clamp=hyper.kl_clamp, clip_ratio_c=hyper.clip_ratio_c,
+                kl_clamp=hyper.kl_clamp, clip_ratio_c=hyper.clip_ratio_c, token_selection=hyper.token_selection,
                 entropy_sums=entropy_sums if entropies is None and epoch == 0 else None,
                 mismatch_into=first_forwards if hyper.old_from_sampler and epoch == 0 and steps == 0 else None,
                 mismatch_cap=hyper.sampler_cap)
@@ -392,14 +404,15 @@ def carries_no_signal(advantages: torch.Tensor, reference, kl_coef: float) -> bo
     return (reference is None or kl_coef == 0.0) and not bool(advantages.any())
 
 
-def _steps_without_signal(model, optimizer, scheduler, params, stepper, batch_size: int, updates_per_batch: int,
-                          minibatch_size: int, grad_clip: float, generator: torch.Generator) -> UpdateStats:
+def _steps_without_signal(model, optimizer, scheduler, params, stepper, updates_per_batch: int,
+                          plan_minibatches: Callable[[], list[list[int]]], grad_clip: float) -> UpdateStats:
     """The optimizer steps of an update whose gradients are all exactly 0, without the forward and
     backward passes that would compute them (on SmolLM2-135M, 177 s of a 243 s GSM8K step).
 
     The steps are still taken, with zero gradients, and the minibatch order is still drawn: AdamW
     moves the weights on its momentum and decays them even at a zero gradient, the scheduler
-    advances, and ``generator`` stays where the full update would leave it, so the weights and every
+    advances, and the minibatch shuffler (``plan_minibatches`` draws from it) stays where the full
+    update would leave it, so the weights and every
     later step equal those of running the passes, bit for bit. What the passes would only have
     measured (entropy, clip fraction, KL to the old policy, sampler mismatch: ``sampler_kl`` and
     the ``mismatch`` statistics, 0 tokens) is NaN for the step;
@@ -407,8 +420,7 @@ def _steps_without_signal(model, optimizer, scheduler, params, stepper, batch_si
     model.train()
     steps = overflows = 0
     for _ in range(updates_per_batch):
-        torch.randperm(batch_size, generator=generator)
-        for _ in range(0, batch_size, minibatch_size):
+        for _ in plan_minibatches():
             optimizer.zero_grad(set_to_none=True)
             for p in params:
                 p.grad = torch.zeros_like(p)
@@ -439,7 +451,7 @@ def _sampler_as_old(sampler_logprobs: torch.Tensor, completion_ids: list[list[in
 def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id,
                           old_logprobs, advantages, ref_logprobs, weights, normalizer, entropy_sums=None,
                           mismatch_into: MismatchSums | None = None, mismatch_cap: float = 2.0,
-                          **loss_kwargs) -> dict | None:
+                          token_selection=None, **loss_kwargs) -> dict | None:
     """Forward and backward over this rank's share of the minibatch ``idx`` in micro-batches of
     ``rows``, gradients accumulated in the parameters (and synchronised over ranks in the last
     one). Returns the minibatch's loss and token-weighted statistics over all ranks, or None
@@ -448,7 +460,9 @@ def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_i
     every token of the minibatch, over all ranks, to it. With ``mismatch_into`` (a
     ``MismatchSums``; ``old_logprobs`` are then the sampler's) the forwards' log-probs are
     compared with ``old_logprobs`` and the minibatch's sums, over all ranks, added to it
-    (``mismatch_cap``: the ratio counted as past the cap)."""
+    (``mismatch_cap``: the ratio counted as past the cap). With ``token_selection`` the forwards
+    compute each token's entropy and the selection's 0/1 weights of each micro-batch multiply its
+    policy-gradient term (``UpdateHyper.token_selection``)."""
     shares = [micro_batches(share, prompt_ids, completion_ids, rows, forward.micro_batch_tokens)
               for share in split_evenly(idx, parallel.world_size)]
     mine = shares[parallel.rank]
@@ -461,18 +475,19 @@ def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_i
         weight = 1.0 if micro else 0.0  # a rank out of rows takes part with a zero-weighted pass
         micro = micro or idx[:1]
         with parallel.accumulating(model, last=k == passes - 1):
-            logprobs, mb_mask, entropies = forward.logprobs(model, [prompt_ids[i] for i in micro],
-                                                            [completion_ids[i] for i in micro], pad_id,
-                                                            with_entropy=entropy_sums is not None)
+            logprobs, mb_mask, entropies = forward.logprobs(
+                model, [prompt_ids[i] for i in micro], [completion_ids[i] for i in micro], pad_id,
+                with_entropy=entropy_sums is not None or token_selection is not None)
             T = logprobs.shape[1]  # the micro-batch's longest completion
 
             def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
                 return None if x is None else x[micro, :T].to(logprobs.device)
 
+            selected = None if token_selection is None else token_selection(entropies.detach(), mb_mask)
             loss, stats = policy_loss(
                 logprobs, on_device(old_logprobs), on_device(advantages), mb_mask,
                 ref_logprobs=on_device(ref_logprobs), sampler_weights=on_device(weights), normalizer=normalizer,
-                **loss_kwargs,
+                token_weights=selected, **loss_kwargs,
             )
             finite = bool(torch.isfinite(loss))
             # A non-finite loss is still backpropagated (the other ranks' backward waits for this
