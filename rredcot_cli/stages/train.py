@@ -4,13 +4,12 @@ This file turns the config into settings (the loop's ``TrainSettings``, the upda
 hyper-parameters, the precision, the data-parallel group, the trackers), builds the benchmark, the
 policy and the credit method, begins the stage (``runs.begin_stage``: the run folder, its
 manifest and config hash; ``train.resume=true`` continues an unfinished attempt), runs
-``Trainer(...).fit()``, and on rank 0 writes the results (metrics.parquet, eval.parquet,
-summary.json; the loop wrote metrics.parquet after every step), finishes the stage and prints the
-before/after table.
+``Trainer(...).fit()``, and on rank 0 writes the results (eval.parquet, summary.json; the loop
+wrote metrics.parquet after every step), finishes the stage and prints the before/after table.
 
 Every ``train.save_every`` steps the loop writes ``checkpoints/step-N`` (rredcot_cli/train/checkpoint.py:
-weights, optimizer, scheduler, RNG states, data cursor, critic; the metrics so far are read back
-from metrics.parquet); since sampling
+weights, optimizer, scheduler, RNG states, data cursor, critic; a resume reads the metrics so far
+back from metrics.parquet); since sampling
 seeds are derived from (seed, step), the resumed steps equal those of an uninterrupted run.
 ``train.keep_checkpoints`` deletes all but the newest step-N checkpoints after each one.
 """

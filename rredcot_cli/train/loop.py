@@ -417,6 +417,7 @@ class Trainer:
         console.print(f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
                       f"({self.saved[checkpoint.KEY_PATH]})")
         self.recorder.restore(self.state.step, checkpoint.saved_history(self.saved))
+        self.saved = None  # the loaded trainer_state.pt (optimizer moments, an older one's rows): used up
 
     def _count_skipped(self, step: int, stats: UpdateStats) -> None:
         """Count the update's skipped (non-finite) minibatch steps; stop a run that diverged."""
