@@ -66,11 +66,11 @@ def main() -> int:
 
     real_record = loop.Recorder.write
 
-    def timed_record(self, step, history, result):  # the loop's per-step writes (metrics, trackers, rollouts)
+    def timed_record(self, step, result):  # the loop's per-step writes (metrics, trackers, rollouts)
         began = time.perf_counter()
-        real_record(self, step, history, result)
+        real_record(self, step, result)
         per_step[step] = {"step": step, "write_seconds": time.perf_counter() - began, "rss_mb": rss_mb(),
-                          "history_rows": len(history)}
+                          "history_rows": self.metrics.table.num_rows}
 
     loop.Recorder.write = timed_record
     checkpoint.save = loop.checkpoint.save = timed_save
@@ -96,6 +96,8 @@ def main() -> int:
         "metrics_write_seconds_first_100_mean": sum(r["write_seconds"] for r in rows[:100]) / max(1, len(rows[:100])),
         "metrics_write_seconds_last_100_mean": sum(r["write_seconds"] for r in rows[-100:]) / max(1, len(rows[-100:])),
         "rss_mb_per_step_slope": slope([r["step"] for r in tail], [r["rss_mb"] for r in tail]),
+        "trainer_state_bytes_per_step_slope": slope([c["step"] for c in checkpoints],
+                                                    [c["trainer_state_bytes"] for c in checkpoints]),
         "rss_mb_at_10pct": tail[0]["rss_mb"] if tail else None, "rss_mb_at_end": rows[-1]["rss_mb"] if rows else None,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "metrics_file_bytes": (run / "train" / "metrics.parquet").stat().st_size,

@@ -1,8 +1,9 @@
 """One step's metrics.parquet write at a given history size, the old way (all row dicts converted
 again, ``artifacts.write_artifact``) and the current one (``store.metrics_log.MetricsLog``: the new
-row converted, the kept Arrow table written), plus the memory the history's row dicts take and the
-bytes they add to a checkpoint's trainer_state.pt (pickled by torch.save). For what a run of 100,000
-steps costs, measured rather than extrapolated (issue 31; results/long-runs/).
+row converted, the kept Arrow table written) and a resume's read of the rows back; the memory the rows take as the Python dicts the loop
+kept before and as the Arrow table ``MetricsLog`` keeps now, and the bytes the dicts added to every
+checkpoint's trainer_state.pt before (pickled by torch.save; checkpoints hold no rows now). For what
+a run of 100,000 steps costs, measured rather than extrapolated (issue 31; results/long-runs/).
 
     python bench/metrics_write_at_size.py --rows 1000 10000 100000
 """
@@ -54,14 +55,19 @@ def main() -> int:
         artifacts.write_artifact("train_metrics", history, folder / "old.parquet")
         old = time.perf_counter() - began
         log = MetricsLog(folder / "new.parquet")
-        log.write(history[:-1])  # the run so far
+        log.restore(n - 1, history[:-1])  # the run so far
         began = time.perf_counter()
-        log.write(history)  # this step
+        log.append(history[-1])  # this step
+        log.write()
         new = time.perf_counter() - began
+        began = time.perf_counter()
+        MetricsLog(folder / "new.parquet").restore(n)  # what a resume from step n reads back
+        restore = time.perf_counter() - began
         pickled = io.BytesIO()
         torch.save({"progress": {"history": history}}, pickled)
         sizes.append({"rows": n, "old_write_seconds": round(old, 4), "new_write_seconds": round(new, 4),
-                      "history_dicts_mb": round(history_mb, 1),
+                      "resume_read_seconds": round(restore, 4),
+                      "history_dicts_mb": round(history_mb, 1), "metrics_table_mb": round(log.table.nbytes / 2**20, 1),
                       "history_in_trainer_state_mb": round(pickled.tell() / 2**20, 1),
                       "file_mb": round((folder / "new.parquet").stat().st_size / 2**20, 2)})
         print(json.dumps(sizes[-1]), flush=True)

@@ -4,11 +4,12 @@ This file turns the config into settings (the loop's ``TrainSettings``, the upda
 hyper-parameters, the precision, the data-parallel group, the trackers), builds the benchmark, the
 policy and the credit method, begins the stage (``runs.begin_stage``: the run folder, its
 manifest and config hash; ``train.resume=true`` continues an unfinished attempt), runs
-``Trainer(...).fit()``, and on rank 0 writes the results (metrics.parquet, eval.parquet,
-summary.json), finishes the stage and prints the before/after table.
+``Trainer(...).fit()``, and on rank 0 writes the results (eval.parquet, summary.json; the loop
+wrote metrics.parquet after every step), finishes the stage and prints the before/after table.
 
 Every ``train.save_every`` steps the loop writes ``checkpoints/step-N`` (rredcot_cli/train/checkpoint.py:
-weights, optimizer, scheduler, RNG states, data cursor, critic, metrics so far); since sampling
+weights, optimizer, scheduler, RNG states, data cursor, critic; a resume reads the metrics so far
+back from metrics.parquet); since sampling
 seeds are derived from (seed, step), the resumed steps equal those of an uninterrupted run.
 ``train.keep_checkpoints`` deletes all but the newest step-N checkpoints after each one.
 """
@@ -125,10 +126,11 @@ def _weight_sync_record(backend, parallel: distributed.DataParallel) -> list[dic
 
 def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[str],
                    weight_sync: list[dict] | None = None) -> None:
-    """metrics.parquet, eval.parquet and summary.json; the stage finished; the before/after table."""
+    """eval.parquet and summary.json (metrics.parquet holds every step: the loop writes it after
+    each); the stage finished; the before/after table."""
     state = fitted.state
     metrics_path = out.dir / "metrics.parquet"
-    artifacts.write_artifact("train_metrics", state.history, metrics_path)
+    metrics = artifacts.read_artifact("train_metrics", metrics_path)
     eval_path = artifacts.write_artifact("eval", fitted.eval_rows_after, out.dir / "eval.parquet")
     summary = {"method": method, "steps": steps, "seconds": fitted.seconds, "cpu_seconds": fitted.cpu_seconds,
                "generated_tokens": state.tokens_seen,
@@ -140,7 +142,7 @@ def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[
                extra={"seconds": fitted.seconds, "resumed_from_step": fitted.resumed_from,
                       "tracking": summary["tracking"],
                       **({"weight_sync": weight_sync} if weight_sync is not None else {})})
-    _print_summary(method, state.history, state.eval_before, fitted.eval_after, fitted.seconds, fitted.checkpoint)
+    _print_summary(method, metrics, state.eval_before, fitted.eval_after, fitted.seconds, fitted.checkpoint)
 
 
 def config_keys(spec) -> list[str]:
@@ -227,15 +229,16 @@ def _precision(name: str, model_dtype: str):
         raise TrainingError(str(e)) from e
 
 
-def _print_summary(method, history, before, after, seconds, checkpoint) -> None:
+def _print_summary(method, metrics, before, after, seconds, checkpoint) -> None:
+    """The before/after table from the held-out evals and ``metrics`` (the metrics.parquet table)."""
     table = Table(title=f"rredcot train · {method}", show_header=True, header_style="bold")
     table.add_column("")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     for key in [k for k in after if k.startswith(("pass@", "maj@"))]:
         table.add_row(f"held-out {key}", f"{before[key]:.3f}", f"{after[key]:.3f}")
-    first, last = history[0], history[-1]
+    first, last = metrics.slice(0, 1).to_pylist()[0], metrics.slice(metrics.num_rows - 1).to_pylist()[0]
     table.add_row("train reward (first/last step)", f"{first['reward_mean']:.3f}", f"{last['reward_mean']:.3f}")
     table.add_row("response tokens", f"{first['response_tokens_mean']:.0f}", f"{last['response_tokens_mean']:.0f}")
     console.print(table)
-    console.print(f"{len(history)} steps in {seconds / 60:.1f} min; checkpoint: [bold]{checkpoint}[/bold]")
+    console.print(f"{metrics.num_rows} steps in {seconds / 60:.1f} min; checkpoint: [bold]{checkpoint}[/bold]")

@@ -1,12 +1,15 @@
-"""``metrics.parquet`` of a running ``rredcot train``, rewritten after every step at a cost that
-does not grow with the Python rows.
+"""``metrics.parquet`` of a running ``rredcot train``: the one owner of the run's metrics rows,
+kept as one Arrow table and rewritten after every step at a cost that does not grow with Python
+objects.
 
 The file is the contract (live readers see every finished step, each version whole: an atomic
-replace), so each step still writes all rows. What grew fastest with the run was turning the whole
-history of row dicts into Arrow again at every step (0.19 s of a 0.19 s write at 20,000 steps on the
-busy 2-core test machine; 1.2 s at 50,000): here only the new rows are converted and appended to
-an Arrow table kept between steps, which is written as it is (0.02 s at 20,000 steps). The Parquet
-encoding of all rows remains, linear in the steps but about 10x smaller (bench/long_runs.py,
+replace), so each step still writes all rows. What grew with the run was (1) turning the whole
+history of row dicts into Arrow again at every step (8.2 s a step at 100,000 steps on the busy
+2-core test machine), (2) keeping those dicts in memory (about 3.5 kB a step) and (3) pickling
+them into every checkpoint's ``trainer_state.pt`` (about 1 kB a step). Here each row is converted
+once, appended to a columnar table (about 0.2 kB a step) and written as it is; a checkpoint holds
+no rows: a resume reads them back from this file (``restore``), which the loop writes after every
+step and before that step's checkpoint, so it always holds the checkpoint's steps (bench/long_runs.py,
 results/long-runs/).
 """
 
@@ -16,28 +19,48 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from rredcot_cli.errors import ArtifactError
 from rredcot_cli.store import artifacts
 
 KIND = "train_metrics"
+
+
 class MetricsLog:
-    """Writes ``path`` from the run's history (a list of row dicts that only grows at its end)."""
+    """The metrics rows of a run (one per finished step, in order) and ``path``, the file they are
+    written to."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._table: pa.Table | None = None
-        self._last_step = None
+        self.table = artifacts.build_table(KIND, [])
 
-    def write(self, history: list[dict]) -> Path:
-        """Write every row of ``history``, converting only those not converted before (a history
-        that is not the one seen so far, e.g. restored by a resume, is converted afresh)."""
-        done = 0 if self._table is None else self._table.num_rows
-        if done > len(history) or (done and history[done - 1].get("step") != self._last_step):
-            self._table, done = None, 0
-        if len(history) > done:
-            part = artifacts.build_table(KIND, history[done:])
-            # one chunk per column: a copy of the numbers (about 1 ms at 20,000 rows), cheaper to write
-            # than thousands of one-row chunks
-            self._table = part if self._table is None else pa.concat_tables([self._table, part]).combine_chunks()
-            self._last_step = history[-1].get("step")
-        table = self._table if self._table is not None else artifacts.build_table(KIND, [])
-        return artifacts.write_table(KIND, table, self.path)
+    def append(self, row: dict) -> None:
+        """Add one step's row (converted once, to the schema's types)."""
+        part = artifacts.build_table(KIND, [row])
+        # one chunk per column: a copy of the numbers (about 1 ms at 20,000 rows), cheaper to write
+        # than thousands of one-row chunks
+        self.table = pa.concat_tables([self.table, part]).combine_chunks()
+
+    def write(self) -> Path:
+        """Write every row so far to ``path``, atomically."""
+        return artifacts.write_table(KIND, self.table, self.path)
+
+    def restore(self, step: int, saved_rows: list[dict] | None = None) -> None:
+        """The rows of steps 1..``step``, where a resumed run continues: ``saved_rows`` (what
+        checkpoints carried before rows lived only here) when given, else read back from ``path``.
+        Rows past ``step`` are dropped: the attempt that was stopped wrote them after its last
+        checkpoint, and the resumed run makes them again."""
+        fix = "restore the file of that run, or start over without train.resume=true"
+        if saved_rows is not None:
+            table = artifacts.build_table(KIND, saved_rows)
+        elif not self.path.is_file():
+            raise ArtifactError(f"{self.path} is missing, and the checkpoint resumed from (step {step}) holds no "
+                                f"metrics rows; {fix}")
+        else:
+            read = artifacts.read_artifact(KIND, self.path)
+            table = artifacts.build_table(KIND, {name: read.column(name) for name in self.table.schema.names})
+        steps = table.column("step").to_pylist()[:step]
+        if steps != list(range(1, step + 1)):
+            held = f"steps {steps[0]}..{steps[-1]} ({len(steps)} rows)" if steps else "no step"
+            raise ArtifactError(f"{self.path} holds the metrics of {held}, but the checkpoint resumed from is at "
+                                f"step {step}; {fix}")
+        self.table = table.slice(0, step).combine_chunks()

@@ -7,8 +7,11 @@ under mixed precision, so a resume continues exactly), the tokenizer, and ``trai
 dict whose keys are the ``KEY_*`` constants below: the optimizer state (keyed by parameter name),
 the LR scheduler, the minibatch shuffler, every RNG state, the critic (weights, optimizer,
 shuffler) if any, the fp16 loss scaler, and the ``progress`` (a ``TrainState``: step, data cursor,
-metrics so far, ...). ``STATE_FORMAT`` names that layout; a checkpoint of another format or
-config hash is never resumed from.
+tokens seen, ...). ``STATE_FORMAT`` names that layout; a checkpoint of another format or
+config hash is never resumed from. The metrics rows are not in it (they would add about 1 kB a
+step to every checkpoint): the run's metrics.parquet, written before each checkpoint, holds them
+(store/metrics_log.py); checkpoints written before that carry them as ``progress["history"]``
+(``saved_history``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +59,6 @@ class TrainState:
 
     step: int = 0  # the last finished step
     cursor: int = 0  # the next training problem (dynamic sampling draws more than a step's share)
-    history: list[dict] = field(default_factory=list)  # the metrics rows so far
     tokens_seen: int = 0  # generated tokens so far
     eval_before: dict | None = None  # the held-out eval of the initial policy
     seconds: float = 0.0  # wall time of the earlier attempts, up to their last checkpoint
@@ -189,6 +191,12 @@ def restore(saved: dict, parts: Stateful, prompts_per_step: int) -> TrainState:
             raise TrainingError(f"cannot resume from {path}: it holds no critic state")
         parts.critic.load_state_dict(saved[KEY_CRITIC])
     return TrainState.from_progress(saved[KEY_PROGRESS], prompts_per_step)
+
+
+def saved_history(saved: dict) -> list[dict] | None:
+    """The metrics rows a checkpoint written before metrics.parquet was their only home carries
+    (``progress["history"]``), or None."""
+    return saved[KEY_PROGRESS].get("history")
 
 
 def remove_all(checkpoints: Path) -> None:

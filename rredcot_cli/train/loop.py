@@ -52,7 +52,7 @@ import torch
 
 from rredcot_cli.console import console, progress_bar
 from rredcot_cli.rng import derive_seed
-from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
+from rredcot_cli.store import metrics_log, runs, train_rollouts
 from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
@@ -262,9 +262,8 @@ class Trainer:
                 result = self.step(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                     self._eval_into(result.row, step)
-                self.state.history.append(result.row)
                 self.state.step = step
-                self.recorder.write(step, self.state.history, result)
+                self.recorder.write(step, result)  # before the step's checkpoint: a resume reads the rows back
                 self._count_skipped(step, result.stats)
                 stop = step != t.steps and preempt.due(self.parallel)  # a signal: checkpoint now, then stop
                 if step != t.steps and (stop or (t.save_every and step % t.save_every == 0)):
@@ -417,7 +416,8 @@ class Trainer:
         self.resumed_from = self.state.step
         console.print(f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
                       f"({self.saved[checkpoint.KEY_PATH]})")
-        _with_phase_columns(self.state.history)
+        self.recorder.restore(self.state.step, checkpoint.saved_history(self.saved))
+        self.saved = None  # the loaded trainer_state.pt (optimizer moments, an older one's rows): used up
 
     def _count_skipped(self, step: int, stats: UpdateStats) -> None:
         """Count the update's skipped (non-finite) minibatch steps; stop a run that diverged."""
@@ -428,7 +428,7 @@ class Trainer:
             console.print(f"[yellow]step {step}: skipped {stats.skipped} of {stats.skipped + stats.updates} "
                           f"policy updates with a non-finite loss or gradient (weights unchanged by them)[/yellow]")
         if limit and state.nonfinite_streak >= limit:
-            _stop_diverged(self.out.dir, state.history, step, state.nonfinite_streak, limit, self.parallel.is_main)
+            _stop_diverged(self.recorder.metrics_path, step, state.nonfinite_streak, limit)
 
     def _elapsed(self) -> tuple[float, float]:
         """Wall and CPU seconds of this run over every attempt so far."""
@@ -459,7 +459,8 @@ class Recorder:
     """Rank 0's writes while the loop runs: ``metrics.parquet`` rewritten (atomically) after every
     step, the row sent to the trackers of ``tracking=[...]``, and every ``train.save_rollouts``
     steps the step's samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
-    On the other ranks it writes nothing."""
+    The metrics rows live only in ``metrics`` (a columnar table) and that file, not in the loop's
+    state or its checkpoints. On the other ranks it keeps and writes nothing."""
 
     def __init__(self, out, trackers: list[str], config: dict, is_main: bool, method: str, save_rollouts: int):
         self.out, self.is_main, self.method, self.save_rollouts = out, is_main, method, save_rollouts
@@ -467,10 +468,20 @@ class Recorder:
         self.metrics = metrics_log.MetricsLog(self.metrics_path)  # converts only each step's new row
         self.trackers = _open_trackers(trackers, config, out) if is_main else tracking.Trackers([])
 
-    def write(self, step: int, history: list[dict], result: StepResult) -> None:
+    def restore(self, step: int, saved_rows: list[dict] | None) -> None:
+        """The metrics of the steps up to ``step``, the checkpoint a run resumes from: the rows an
+        older checkpoint carries, else those metrics.parquet holds (rows written after that
+        checkpoint are dropped, in the file too)."""
         if not self.is_main:
             return
-        self.metrics.write(history)
+        self.metrics.restore(step, None if saved_rows is None else _with_phase_columns(saved_rows))
+        self.metrics.write()
+
+    def write(self, step: int, result: StepResult) -> None:
+        if not self.is_main:
+            return
+        self.metrics.append(result.row)
+        self.metrics.write()
         self.trackers.log(result.row, step)
         if result.learned and train_rollouts.is_due(step, self.save_rollouts):
             learned = result.learned
@@ -559,8 +570,8 @@ def _value_forward_tokens(batch) -> int | None:
 
 
 def _with_phase_columns(history: list[dict]) -> list[dict]:
-    """Metrics rows of a resumed run, with the per-phase columns (null) that rows written before
-    they existed lack, so every row has the same columns."""
+    """Metrics rows of an older checkpoint (``checkpoint.saved_history``), with the per-phase
+    columns (null) that rows written before they existed lack, so every row has the same columns."""
     names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std", *mismatch.COLUMNS]
     for row in history:
         for name in names:
@@ -588,11 +599,9 @@ def _open_trackers(names: list[str], config: dict, out) -> tracking.Trackers:
     return trackers
 
 
-def _stop_diverged(folder, history, step, streak, limit, write: bool = True) -> None:
-    """Keep the metrics so far (``write``: rank 0), then stop with one line saying why and what to try."""
-    metrics_path = folder / "metrics.parquet"
-    if write:
-        artifacts.write_artifact("train_metrics", history, metrics_path)
+def _stop_diverged(metrics_path, step, streak, limit) -> None:
+    """Stop with one line saying why and what to try (the metrics so far, this step's included,
+    are already in ``metrics_path``: ``Recorder.write``)."""
     raise TrainingError(
         f"step {step}: {streak} policy updates in a row had a non-finite (NaN/inf) loss or gradient "
         f"(train.max_nonfinite_updates={limit}); they were skipped, so the weights are the last finite ones; "

@@ -118,12 +118,13 @@ def metrics_without_clock(run):
 
 
 def unfinish(run):
-    """Turn a finished run into one killed after its step-2 checkpoint."""
+    """Turn a finished run into one killed after its step-2 checkpoint (its metrics.parquet stays: a
+    killed run's holds the steps up to the kill; the resume keeps those up to the checkpoint)."""
     manifest_path = run / "train" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["status"] = "running"
     manifest_path.write_text(json.dumps(manifest))
-    for name in ("metrics.parquet", "eval.parquet", "summary.json"):
+    for name in ("eval.parquet", "summary.json"):
         (run / "train" / name).unlink()
     shutil.rmtree(run / "train" / "checkpoints" / "final")
 

@@ -133,8 +133,13 @@ def test_train_with_dynamic_sampling_resumes_from_the_saved_cursor(tmp_path):
     manifest = json.loads(manifest_path.read_text())
     manifest["status"] = "running"  # as if killed after the step-2 checkpoint
     manifest_path.write_text(json.dumps(manifest))
-    for name in ("metrics.parquet", "eval.parquet", "summary.json"):
+    for name in ("eval.parquet", "summary.json"):
         (resumed / "train" / name).unlink()
+    # metrics.parquet holds the steps after the checkpoint too (as after a kill past it), here made
+    # wrong: the resume keeps steps 1-2 from the file and makes steps 3-4 again.
+    rows = pq.read_table(resumed / "train" / "metrics.parquet").to_pylist()
+    artifacts.write_artifact("train_metrics", rows[:2] + [{**row, "reward_mean": -1.0} for row in rows[2:]],
+                             resumed / "train" / "metrics.parquet")
     shutil.rmtree(resumed / "train" / "checkpoints" / "final")
     log = rredcot("train", f"run.dir={resumed}", *TINY, "train.resume=true", cwd=tmp_path)
     assert "from step 2 of 4" in " ".join(log.split())

@@ -97,6 +97,10 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     assert manifest["status"] == "complete" and len(manifest["resumed"]) == 1
     assert manifest["extra"]["resumed_from_step"] == resumed_from
     assert sorted(p.name for p in (killed / "train" / "checkpoints").iterdir()) == ["final", "step-000004"]
+    # A checkpoint holds no metrics rows (metrics.parquet does: a resume reads them back from it).
+    progress = torch.load(killed / "train" / "checkpoints" / "step-000004" / checkpoint.STATE_FILE,
+                          weights_only=True)["progress"]
+    assert progress["step"] == 4 and "history" not in progress
     # The resumed run has the same identity: rerunning without resume=true skips it.
     log = finish(rredcot("train", f"run.dir={killed}", *TINY, cwd=tmp_path))
     assert "up to date" in log

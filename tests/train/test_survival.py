@@ -278,3 +278,40 @@ def test_three_kills_at_drawn_moments_resume_to_the_same_run(tmp_path, whole_run
     report = json.loads((tmp_path / "kills-3-seed1.json").read_text())
     assert report["kills"] == 3 and report["identical"] is True
     assert all(r["leftover_temporaries"] == [] for r in report["rounds"])
+
+
+# --------------------------------------------------------------------------- checkpoints of earlier versions
+
+# The writer before metrics.parquet was the rows' only home: progress["history"] holds the rows so far
+# (as those versions kept them: without the per-phase clock columns of older rows still), then the
+# run dies right after the step-2 checkpoint.
+OLD_CHECKPOINT_THEN_DIE = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    from rredcot_cli.store import artifacts
+    from rredcot_cli.train import checkpoint
+    real_save = checkpoint.save
+    def save(path, state, parts, config_hash):
+        rows = artifacts.read_artifact("train_metrics", Path(path).parents[1] / "metrics.parquet").to_pylist()
+        history = [{k: v for k, v in row.items() if not k.startswith("seconds_")} for row in rows]
+        progress = state.progress
+        state.progress = lambda: {**progress(), "history": history}
+        real_save(path, state, parts, config_hash)
+        os._exit(9)
+    checkpoint.save = save
+    sys.argv[0] = "rredcot"
+""")
+
+
+def test_a_checkpoint_that_carries_the_metrics_history_still_resumes(tmp_path, whole):
+    """Checkpoints written before the metrics rows left them carry the rows (``progress["history"]``):
+    a resume takes them from there, not from metrics.parquet (deleted here), and ends as the
+    uninterrupted run."""
+    process = rredcot("train", f"run.dir={tmp_path}", *TINY, "train.save_every=2", cwd=tmp_path,
+                      wrapper=OLD_CHECKPOINT_THEN_DIE)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 9, err[-3000:]
+    (tmp_path / "train" / "metrics.parquet").unlink()
+    log = finish(rredcot("train", f"run.dir={tmp_path}", *TINY, "train.save_every=2", "train.resume=true", cwd=tmp_path))
+    assert "from step 2 of 4" in " ".join(log.split())
+    assert result(tmp_path) == whole
