@@ -1,0 +1,52 @@
+"""bench/step_phases.py on hand-written metrics: medians leave step 1 out, sums keep it."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "step_phases.py"
+
+
+@pytest.fixture(scope="module")
+def step_phases():
+    spec = importlib.util.spec_from_file_location("step_phases", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(root: Path, seconds, sampling, credit, tokens) -> Path:
+    (root / "train").mkdir(parents=True)
+    table = pa.table({"step": list(range(1, len(seconds) + 1)), "seconds": seconds, "seconds_sampling": sampling,
+                      "seconds_credit": credit, "tokens": tokens})
+    pq.write_table(table, root / "train" / "metrics.parquet")
+    return root
+
+
+def test_phases_and_ratios_by_hand(step_phases, tmp_path):
+    base = _run(tmp_path / "a", [10.0, 4.0, 6.0], [2.0, 1.0, 3.0], [0.0, 0.0, 0.0], [10, 20, 30])
+    other = _run(tmp_path / "b", [12.0, 6.0, 9.0], [2.0, 2.0, 2.0], [1.0, None, 0.5], [10, 20, 24])
+    report = step_phases.main([f"grpo={base}", f"rredcot={other}", "--out", str(tmp_path / "out.json")])
+    grpo, rredcot = report["runs"]["grpo"], report["runs"]["rredcot"]
+    assert grpo["step_s_median"] == 5.0 and grpo["step_s_sum"] == 20.0     # median of steps 2..3
+    assert grpo["generated_tokens"] == 30 and grpo["sampling_tokens_per_s"] == 5.0
+    assert rredcot["credit_s_sum"] == 1.5 and rredcot["credit_over_sampling"] == 0.25   # a missing value is 0 s
+    assert rredcot["step_s_median_over_grpo"] == 1.5 and rredcot["step_s_sum_over_grpo"] == 1.35
+    assert json.loads((tmp_path / "out.json").read_text()) == report
+
+
+def test_bad_arguments_are_one_line(step_phases, tmp_path):
+    run = _run(tmp_path / "a", [1.0, 1.0], [0.5, 0.5], [0.0, 0.0], [1, 2])
+    with pytest.raises(SystemExit, match="NAME=RUN_DIR"):
+        step_phases.main([str(run)])
+    with pytest.raises(SystemExit, match="--baseline 'x' is not one of the runs"):
+        step_phases.main([f"a={run}", "--baseline", "x"])
+    short = _run(tmp_path / "b", [1.0], [0.5], [0.0], [1])
+    with pytest.raises(SystemExit, match="1 step"):
+        step_phases.main([f"b={short}"])
+    with pytest.raises(SystemExit, match="no train/metrics.parquet"):
+        step_phases.main([f"c={tmp_path / 'nowhere'}"])
