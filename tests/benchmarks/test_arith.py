@@ -1,10 +1,10 @@
 """benchmark=arith: the packaged files are what scripts/make_arith.py writes, the splits share no
 question, and an answer is graded as a number from the last one written."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+from repo_scripts import load_script
 from rredcot_cli.benchmarks.base import grade_completion
 from rredcot_cli.config.compose import compose
 from rredcot_cli.stages.common import make_benchmark
@@ -13,10 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_arith", REPO / "scripts" / "make_arith.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/make_arith.py")
 
 
 def test_packaged_files_are_the_generators_output(tmp_path, monkeypatch):

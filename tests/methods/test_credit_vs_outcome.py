@@ -1,22 +1,17 @@
 """bench/credit_vs_outcome.py on a hand-written saved batch: shares and push ratios by hand."""
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "credit_vs_outcome.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("credit_vs_outcome", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/credit_vs_outcome.py")
 
 
 def _write(path: Path, columns: dict) -> None:

@@ -1,22 +1,17 @@
 """bench/step_phases.py on hand-written metrics: medians leave step 1 out, sums keep it."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "step_phases.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def step_phases():
-    spec = importlib.util.spec_from_file_location("step_phases", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/step_phases.py")
 
 
 def _run(root: Path, seconds, sampling, credit, tokens) -> Path:
