@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from processes import fake_slurm_tools, free_port, kill_tree
 from safetensors.torch import load_file
 
 from rredcot_cli.train.distributed import DataParallel, split_evenly
@@ -315,7 +315,7 @@ def test_run_killed_at_world_size_two_resumes_to_the_same_result(world_size_one,
         assert process.poll() is None, f"the run ended before its first checkpoint: {process.communicate()}"
         assert time.monotonic() < deadline, "no checkpoint after 300 s"
         time.sleep(0.05)
-    _kill_tree(process.pid)  # both ranks (torchrun starts them in sessions of their own), then torchrun
+    kill_tree(process.pid)  # both ranks (torchrun starts them in sessions of their own), then torchrun
     process.communicate()
     # Live metrics: what the killed run left holds the steps that finished, in order, readable.
     killed_metrics = run / "train" / "metrics.parquet"
@@ -331,17 +331,9 @@ def test_run_killed_at_world_size_two_resumes_to_the_same_result(world_size_one,
 def test_the_slurm_script_trains_with_a_fake_srun_on_one_node(world_size_one, tmp_path):
     """scripts/slurm/train.sbatch with stand-ins for srun and scontrol: one node, two processes,
     the c10d rendezvous on localhost; the run equals world size 1 like a torchrun one."""
-    import socket
-
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
-    for tool in ("scontrol", "srun"):
-        (bin_dir / tool).chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    fake_slurm_tools(bin_dir)
+    port = free_port()
     run = tmp_path / "run"
     env = {**_env(), "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
            "RUN_DIR": str(run), "GPUS_PER_NODE": "2", "RDZV_PORT": str(port), "SLURM_JOB_NODELIST": "node1",
@@ -350,15 +342,6 @@ def test_the_slurm_script_trains_with_a_fake_srun_on_one_node(world_size_one, tm
                               "train.parallel=ddp"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     _assert_same_run(run, world_size_one)
-
-
-def _kill_tree(pid: int) -> None:
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    for child in children:
-        _kill_tree(child)
-    os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- refusals

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from processes import children, fake_slurm_tools, free_port
 
 from rredcot_cli.errors import PREEMPTED_EXIT
 from rredcot_cli.store.runs import sha256_file
@@ -189,13 +190,6 @@ def test_an_unknown_preemption_signal_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _children(pid):
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
 def _rank_of(pid):
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return next((int(e.split(b"=", 1)[1]) for e in environ if e.startswith(b"RANK=")), None)
@@ -207,19 +201,11 @@ def test_the_slurm_script_requeues_a_signalled_torchrun_job_that_resumes(tmp_pat
     same step with one checkpoint; the script requeues the job; the requeued job resumes and finishes.
     Then a signal to one rank only: the other rank stops after the same step too (the flag is
     all-reduced at each step boundary)."""
-    import socket
-
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     requeued = tmp_path / "requeued"
-    (bin_dir / "scontrol").write_text(f'#!/bin/bash\nif [[ $1 == requeue ]]; then echo "$@" >> {requeued}; '
-                                      'else echo localhost; fi\n')
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
-    for tool in ("scontrol", "srun"):
-        (bin_dir / tool).chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    fake_slurm_tools(bin_dir, scontrol=f'#!/bin/bash\nif [[ $1 == requeue ]]; then echo "$@" >> {requeued}; '
+                                       'else echo localhost; fi\n')
+    port = free_port()
     run = tmp_path / "run"
     env = {**ENV, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
            "RUN_DIR": str(run), "GPUS_PER_NODE": "2", "RDZV_PORT": str(port), "SLURM_JOB_NODELIST": "node1",
@@ -254,7 +240,7 @@ def test_the_slurm_script_requeues_a_signalled_torchrun_job_that_resumes(tmp_pat
                                  "-m", "rredcot_cli", "train", f"run.dir={other}", *settings], cwd=tmp_path, env=ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(other / "train" / "metrics.parquet", launcher)
-    workers = {_rank_of(pid): pid for pid in _children(launcher.pid)}
+    workers = {_rank_of(pid): pid for pid in children(launcher.pid)}
     os.kill(workers[1], signal.SIGUSR1)
     out, err = launcher.communicate(timeout=600)
     assert launcher.returncode != 0 and "exitcode  : 75" in err.replace("exitcode: ", "exitcode  : "), err[-3000:]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from processes import kill_tree
 
 pytestmark = pytest.mark.vllm
 
@@ -66,16 +66,6 @@ def _finish(process, timeout: float = 600) -> str:
     out, err = process.communicate(timeout=timeout)
     assert process.returncode == 0, f"rredcot train failed:\n{out[-3000:]}\n{err[-5000:]}"
     return out + err
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants (torchrun starts the ranks in sessions of their own)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    for child in children:
-        _kill_tree(child)
-    os.kill(pid, signal.SIGKILL)
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -131,7 +121,7 @@ def test_ddp_killed_at_world_size_two_resumes_to_the_world_size_one_run(world_si
         assert process.poll() is None, f"the run ended before its first checkpoint: {process.communicate()}"
         assert time.monotonic() < deadline, "no checkpoint after 600 s"
         time.sleep(0.1)
-    _kill_tree(process.pid)
+    kill_tree(process.pid)
     process.communicate()
     log = _finish(_train(run, "train.parallel=ddp", "train.resume=true", world_size=2))
     assert "resuming" in log
