@@ -46,6 +46,12 @@ def phases(run: Path) -> dict:
     out["generated_tokens"] = int(rows[-1]["tokens"])
     if out.get("sampling_s_sum"):
         out["sampling_tokens_per_s"] = round(out["generated_tokens"] / out["sampling_s_sum"], 1)
+    if "credit_forward_tokens" in rows[0]:  # positions value estimation ran forward (None: no work)
+        worked = [r for r in rows if r.get("credit_forward_tokens")]
+        out["steps_with_credit_work"] = len(worked)
+        out["credit_forward_positions"] = int(sum(r["credit_forward_tokens"] for r in worked))
+        if out.get("credit_s_sum"):
+            out["credit_positions_per_s"] = round(out["credit_forward_positions"] / out["credit_s_sum"], 1)
     if out.get("sampling_s_sum"):
         out["credit_over_sampling"] = round(out.get("credit_s_sum", 0.0) / out["sampling_s_sum"], 4)
     return out

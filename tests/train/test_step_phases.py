@@ -45,3 +45,13 @@ def test_bad_arguments_are_one_line(step_phases, tmp_path):
         step_phases.main([f"b={short}"])
     with pytest.raises(SystemExit, match="no train/metrics.parquet"):
         step_phases.main([f"c={tmp_path / 'nowhere'}"])
+
+
+def test_value_estimation_positions_where_the_run_recorded_them(step_phases, tmp_path):
+    run = _run(tmp_path / "a", [3.0, 3.0, 3.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.5], [1, 2, 3])
+    table = pq.read_table(run / "train" / "metrics.parquet").append_column("credit_forward_tokens",
+                                                                         pa.array([100, None, 300]))
+    pq.write_table(table, run / "train" / "metrics.parquet")
+    stats = step_phases.main([f"a={run}"])["runs"]["a"]
+    assert stats["steps_with_credit_work"] == 2 and stats["credit_forward_positions"] == 400
+    assert stats["credit_positions_per_s"] == 200.0   # 400 positions in 2.0 s
