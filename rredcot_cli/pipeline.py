@@ -228,7 +228,8 @@ def selected_credit(credit: Credit, batch: CreditBatch, selection: Callable, ent
     counts = torch.zeros(B, S).scatter_add_(1, index, mask.to(torch.float32))
     credits = torch.where(counts > 0, sums / counts.clamp(min=1), torch.full((B, S), float("nan")))
     return Credit(token_advantages=tokens.contiguous(), segment_values=credit.segment_values, segment_credits=credits,
-                  token_values=credit.token_values, value_targets=credit.value_targets)
+                  token_values=credit.token_values, value_targets=credit.value_targets,
+                  segment_value_covered=credit.segment_value_covered)
 
 
 def credit_rows(samples: list[dict], batch: CreditBatch, credit: Credit, method: str) -> tuple[list[dict], list[dict]]:
@@ -237,12 +238,14 @@ def credit_rows(samples: list[dict], batch: CreditBatch, credit: Credit, method:
     advantages: list[dict] = []
     values = credit.segment_values.tolist()
     seg_credits = credit.segment_credits.tolist()
+    covered = credit.segment_value_covered.tolist() if credit.segment_value_covered is not None else None
     for i, sample in enumerate(samples):
         key = {"prompt_id": sample["prompt_id"], "sample_idx": int(sample["sample_idx"])}
         for k in range(int(batch.num_segments[i])):
             value = values[i][k]
             credits.append({**key, "segment_idx": k, "method": method,
-                            "value": None if math.isnan(value) else value, "credit": seg_credits[i][k]})
+                            "value": None if math.isnan(value) else value, "credit": seg_credits[i][k],
+                            "value_covered": None if covered is None else bool(covered[i][k])})
         n = len(sample["completion_token_ids"])
         advantages.append({**key, "method": method, "token_advantages": credit.token_advantages[i, :n].tolist()})
     return credits, advantages

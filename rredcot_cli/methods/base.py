@@ -47,6 +47,10 @@ class Credit:
     # targets it should learn next, both (B, T) float32 with 0 on padding; None for other methods.
     token_values: torch.Tensor | None = None
     value_targets: torch.Tensor | None = None
+    # Methods with value estimates: (B, S) bool, whether V(S_k) rests on evidence (True for the
+    # last segment, whose value is the reward); False where the estimator had nothing to go on and
+    # the previous value was kept. None for methods that do not report it.
+    segment_value_covered: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------------------------------

@@ -31,13 +31,11 @@ import torch
 from rredcot_cli.methods import register
 from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 from rredcot_cli.methods.grpo import group_mean_std, grpo_advantage
-from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
-from rredcot_cli.values.answer_probe import Candidate, answer_probe_values, probe_tokens
-from rredcot_cli.values.suffix_is import suffix_is_values
+from rredcot_cli.values.answer_probe import Candidate, probe_tokens
+from rredcot_cli.values.packing import value_stats
+from rredcot_cli.values.registry import ValueSettings, get_value_estimator
 
 ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
-VALUE_ESTIMATORS = ("answer_probe", "suffix_is")
-PROBE_SCORING = ("auto", "kv_cache", "packed")
 
 
 @dataclass
@@ -150,7 +148,7 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 
 
 @register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",),
-          forced_answer=lambda params: params.get("value") == "answer_probe")
+          forced_answer=lambda params: get_value_estimator(params.get("value", "suffix_is")).forced_answer)
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
             is_self_normalised: bool, is_window: int, is_window_unit: str, is_clip: float,
@@ -160,11 +158,12 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
     prefixes). ``batch.extras`` must hold ``gold_answers``, ``pred_answers`` and, for
     answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template).
-    Defaults of the keyword arguments live in ``RREDCoTParams``."""
-    if value not in VALUE_ESTIMATORS:
-        raise ValueError(f"unknown value estimator {value!r}; valid: {', '.join(VALUE_ESTIMATORS)}")
-    if probe_scoring not in PROBE_SCORING:
-        raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORING)}")
+    Defaults of the keyword arguments live in ``RREDCoTParams``.
+
+    A boundary the estimator has no evidence for (NaN) keeps the previous value, so its segment
+    gets zero credit; ``Credit.segment_value_covered`` and ``value_stats["value_boundaries"]`` /
+    ``["value_covered"]`` say how many there were."""
+    estimator = get_value_estimator(value)
     if baseline not in ("group_mean", "estimator"):
         raise ValueError(f"unknown baseline {baseline!r}; valid: group_mean, estimator")
     if is_window_unit not in ("tokens", "segments"):
@@ -174,59 +173,40 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
     # Prefixes to estimate: S_0 (completion offset 0) when the baseline is the estimator, then
     # the ends of S_1..S_{K-1}; S_K is the observed reward.
     offsets = [([0] if baseline == "estimator" else []) + e[:-1] for e in ends]
-    estimates = estimate_values(batch, policy, value, offsets, probe_template=probe_template,
-                                matched=is_boundaries == "matched", window=is_window, window_unit=is_window_unit,
-                                self_normalised=is_self_normalised, clip=is_clip, probe_scoring=probe_scoring)
+    settings = ValueSettings(probe_template=probe_template, matched=is_boundaries == "matched", window=is_window,
+                             window_unit=is_window_unit, self_normalised=is_self_normalised, clip=is_clip,
+                             probe_scoring=probe_scoring)
+    estimates = estimator.fn(batch, policy, offsets, settings)
 
     values = torch.full((B, S + 1), float("nan"))
+    covered = torch.zeros(B, S, dtype=torch.bool)
     group_mean, _ = _group_mean(batch)
     for i in range(B):
         K = int(batch.num_segments[i])
         est = estimates[i]
         v0 = est[0] if baseline == "estimator" else group_mean[i]
         inner = est[1:] if baseline == "estimator" else est
-        values[i, 0] = v0
+        values[i, 0] = v0 if not torch.isnan(torch.as_tensor(v0)) else group_mean[i]
         values[i, 1:K] = inner
+        covered[i, : K - 1] = ~torch.isnan(values[i, 1:K])
+        covered[i, K - 1] = K > 0  # V(S_K) is the observed reward
         values[i, K] = batch.rewards[i]
-        # A prefix the estimator could not score keeps the previous value (zero credit).
+        # A prefix the estimator has no evidence for keeps the previous value (zero credit).
         for k in range(1, K):
             if torch.isnan(values[i, k]):
                 values[i, k] = values[i, k - 1]
-    return redistribute(values, batch, advantage=advantage, mix_lambda=mix_lambda, clip_reward=clip_reward, eps=eps)
+    stats = value_stats(batch)
+    if stats is not None:
+        inner_boundaries = int((batch.num_segments - 1).clamp(min=0).sum())
+        stats["value_boundaries"] = stats.get("value_boundaries", 0) + inner_boundaries
+        stats["value_covered"] = stats.get("value_covered", 0) + int(covered.sum()) - int((batch.num_segments > 0).sum())
+    credit = redistribute(values, batch, advantage=advantage, mix_lambda=mix_lambda, clip_reward=clip_reward, eps=eps)
+    credit.segment_value_covered = covered
+    return credit
 
 
 def _group_mean(batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return group_mean_std(batch.rewards, batch.group_ids)
-
-
-def estimate_values(batch: CreditBatch, policy, value: str, offsets: list[list[int]], *, probe_template,
-                    matched: bool, window: int, self_normalised: bool, clip: float, window_unit: str = "tokens",
-                    probe_scoring: str = "auto") -> list[torch.Tensor]:
-    """V at completion offsets ``offsets[i]`` of every trace, with the chosen estimator."""
-    if probe_scoring == "auto":
-        probe_scoring = "packed" if value == "answer_probe" else "kv_cache"
-    scorer = cached_probe_logprobs if probe_scoring == "kv_cache" else packed_probe_logprobs
-    prompts = batch.prompt_token_ids
-    completions = batch.completion_token_ids
-    traces = [list(p) + list(c) for p, c in zip(prompts, completions)]
-    stats = batch.extras.setdefault("value_stats", {}) if batch.extras is not None else None
-    if value == "answer_probe":
-        template = probe_template or batch.extras.get("answer_probe")
-        if not template:
-            raise ValueError("answer_probe needs a forced-answer template: set method.probe_template")
-        candidates = answer_candidates(batch, policy.tokenizer, template)
-        prefix_lens = [[len(prompts[i]) + o for o in offs] for i, offs in enumerate(offsets)]
-        return answer_probe_values(policy.model, traces, prefix_lens, candidates, device=policy.device, stats=stats,
-                                   scorer=scorer)
-
-    if batch.old_logprobs is None:
-        raise ValueError("suffix_is needs the sampling log-probs of the completions (batch.old_logprobs)")
-    sampling = [batch.old_logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)]
-    return suffix_is_values(policy.model, traces, [len(p) for p in prompts], offsets, sampling,
-                            batch.rewards.tolist(), batch.group_ids.tolist(), matched=matched, window=window,
-                            window_unit=window_unit,
-                            self_normalised=self_normalised, clip=clip, device=policy.device, stats=stats,
-                            scorer=scorer)
 
 
 def answer_candidates(batch: CreditBatch, tokenizer, template: str):

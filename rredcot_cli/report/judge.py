@@ -20,7 +20,6 @@ from typing import Any, Sequence
 import torch
 
 from rredcot_cli.benchmarks.base import Problem
-from rredcot_cli.pipeline import token_texts
 
 
 # --------------------------------------------------------------------------- correlation
@@ -79,7 +78,7 @@ def reference_credits(reference: torch.Tensor, num_segments: torch.Tensor) -> to
 
 
 def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, reference: torch.Tensor,
-              num_segments: torch.Tensor) -> dict[str, float | None]:
+              num_segments: torch.Tensor, rewards: torch.Tensor | None = None) -> dict[str, float | None]:
     """Spearman and Pearson correlation with the MC reference, over every existing segment of
     every completion:
 
@@ -87,7 +86,10 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
       method without values, i.e. all NaN);
     - ``value_*_inner``: the same without the last segment, whose value is the observed reward
       for the reference and for every method that has values (agreement there is by definition);
-    - ``credit_*``: the method's segment credit against the reference credit V(S_k) - V(S_{k-1}).
+    - ``credit_*``: the method's segment credit against the reference credit V(S_k) - V(S_{k-1});
+    - with ``rewards`` (B,): ``value_spearman_within`` (inner values) and ``credit_spearman_within``,
+      the same inside groups of completions with the same reward (``spearman_within``), where a
+      value that copies the outcome ranks nothing.
     """
     S = segment_credits.shape[1]
     if reference.shape[1] != S + 1:
@@ -103,7 +105,60 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
     c, r = finite_pairs(segment_credits, ref_credits, exists)
     out["credit_spearman"] = spearman(c, r)
     out["credit_pearson"] = pearson(c, r)
+    if rewards is not None:
+        same_reward = rewards[:, None].expand_as(exists)
+        out["value_spearman_within"] = spearman_within(segment_values, ref_values, same_reward, exists & not_last)
+        out["credit_spearman_within"] = spearman_within(segment_credits, ref_credits, same_reward, exists)
     return out
+
+
+def spearman_within(x: torch.Tensor, y: torch.Tensor, strata: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """Spearman correlation of ``x`` with ``y`` inside each stratum (entries of ``strata`` with one
+    value, e.g. completions of the same reward), averaged with weights = pairs per stratum; a
+    stratum where either side is constant counts as 0 (it carries no ranking). None when no
+    stratum has two finite pairs. This is where a value that copies the outcome earns nothing."""
+    total = weight = 0.0
+    for level in strata[mask].unique():
+        a, b = finite_pairs(x, y, mask & (strata == level))
+        if a.numel() < 2:
+            continue
+        rho = spearman(a, b)
+        total += a.numel() * (rho if rho is not None else 0.0)
+        weight += a.numel()
+    return total / weight if weight else None
+
+
+# --------------------------------------------------------------------------- controls
+
+# Values that know nothing but what every method may see for free, judged beside the methods so
+# that agreement with MC is read against them (issue 37): ``outcome`` copies the trace's own reward
+# into every prefix value, ``baseline`` keeps the prompt's baseline (the group mean) until the
+# reward. An estimator is worth its cost only where it beats both.
+CONTROLS = ("outcome", "baseline")
+
+
+def control_values(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor, num_segments: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment_values, segment_credits), (B, S) each with NaN past K_i, of a control: V(S_0) = the
+    group's mean reward, V(S_K) = R_i, and in between R_i (``outcome``) or the group mean
+    (``baseline``)."""
+    if kind not in CONTROLS:
+        raise ValueError(f"unknown control {kind!r}; valid: {', '.join(CONTROLS)}")
+    B, S = rewards.shape[0], int(num_segments.max()) if num_segments.numel() else 0
+    group_mean = torch.zeros(B, dtype=torch.float64)
+    for g in group_ids.unique():
+        rows = group_ids == g
+        group_mean[rows] = rewards[rows].double().mean()
+    inner = rewards.double() if kind == "outcome" else group_mean
+    values = torch.full((B, S + 1), float("nan"), dtype=torch.float64)
+    for i in range(B):
+        K = int(num_segments[i])
+        values[i, 0] = group_mean[i]
+        values[i, 1:K] = inner[i]
+        values[i, K] = float(rewards[i])
+    credits = reference_credits(values, num_segments)
+    exists = segment_exists(num_segments, S)
+    return torch.where(exists, values[:, 1:], torch.full_like(credits, float("nan"))), credits
 
 
 def constant_within_completions(segment_credits: torch.Tensor, num_segments: torch.Tensor) -> bool:
@@ -150,6 +205,30 @@ def token_at_char(token_texts: Sequence[str], char: int) -> int:
     return len(token_texts) - 1
 
 
+def token_char_ends(tokenizer: Any, token_ids: Sequence[int]) -> list[int]:
+    """Per token, the number of characters of the completion's text decoded through it.
+
+    Decoded cumulatively, not token by token: in byte-level BPE one character (÷, ×, a LaTeX
+    symbol, any non-ASCII letter) can be split over two or three tokens, each of which decodes on
+    its own to a replacement character, so adding up per-token lengths counts it two or three times
+    and shifts every later offset. A prefix that ends inside such a character decodes with a
+    trailing U+FFFD, which is not counted (the character belongs to the token that completes it)."""
+    ends = []
+    for t in range(len(token_ids)):
+        text = tokenizer.decode(list(token_ids[: t + 1]), skip_special_tokens=False)
+        ends.append(len(text.rstrip("\ufffd")))
+    return ends
+
+
+def token_at_completion_char(tokenizer: Any, token_ids: Sequence[int], char: int) -> int:
+    """Index of the token that completes character ``char`` of the decoded completion (the last token
+    when ``char`` is past the end), exact on byte-level BPE (``token_char_ends``)."""
+    for t, end in enumerate(token_char_ends(tokenizer, token_ids)):
+        if end > char:
+            return t
+    return len(token_ids) - 1
+
+
 def first_error_segments(samples: Sequence[dict[str, Any]], segment_ids: torch.Tensor, benchmark: Any,
                          problems: Sequence[Problem], tokenizer: Any) -> list[int | None]:
     """Per completion, the segment holding its first wrong step, or None: for correct completions
@@ -168,7 +247,7 @@ def first_error_segments(samples: Sequence[dict[str, Any]], segment_ids: torch.T
         if wrong is None or wrong >= len(spans):
             targets.append(None)
             continue
-        token = token_at_char(token_texts(tokenizer, sample["completion_token_ids"]), spans[wrong][0])
+        token = token_at_completion_char(tokenizer, sample["completion_token_ids"], spans[wrong][0])
         targets.append(int(segment_ids[i, token]))
     return targets
 

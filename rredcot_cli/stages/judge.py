@@ -49,8 +49,9 @@ from rredcot_cli.stages.common import (
 )
 from rredcot_cli.methods import get_method, method_names
 from rredcot_cli.train.distributed import split_evenly
-from rredcot_cli.report.judge import (advantage_spread, agreement, checks_steps, constant_within_completions,
-                                      first_error_segments, localisation, problem_of)
+from rredcot_cli.report.judge import (CONTROLS, advantage_spread, agreement, checks_steps,
+                                      constant_within_completions, control_values, first_error_segments,
+                                      localisation, problem_of)
 from rredcot_cli.methods.mc import mc_reference_values
 from rredcot_cli.pipeline import attribute, completion_entropies, credit_batch, selected_credit
 from rredcot_cli.metrics import mean_ci
@@ -222,6 +223,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                    entropies=entropies)
                 rows.append({**row, "batch": index})
                 advance(1)
+            rows += [{**judge_control(kind, batch, ref_values), "batch": index} for kind in CONTROLS]
     seconds = time.perf_counter() - started
     if not cached:
         write_reference(reference_path, computed, reference)
@@ -325,8 +327,10 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
             credit = selected_credit(credit, batch, selection, entropies)
         seconds = time.perf_counter() - started
         stats = batch.extras.get("value_stats") or {}
+        boundaries = stats.get("value_boundaries")
         measures.append({
-            **agreement(credit.segment_values, credit.segment_credits, ref_values, batch.num_segments),
+            **agreement(credit.segment_values, credit.segment_credits, ref_values, batch.num_segments, batch.rewards),
+            "value_coverage": stats["value_covered"] / boundaries if boundaries else None,
             "seconds": seconds,
             "forward_tokens": stats.get("forward_tokens", 0) + stats.get("prefill_tokens", 0),
             "generated_tokens": stats.get("generated_tokens", 0),
@@ -358,6 +362,19 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
     return row
 
 
+def judge_control(kind: str, batch, ref_values) -> dict[str, Any]:
+    """The credit-quality row of control ``kind`` (``report.judge.CONTROLS``) on one batch: its
+    agreement with the reference; no cost, no reruns, no localisation (its credits tie)."""
+    values, credits = control_values(kind, batch.rewards, batch.group_ids, batch.num_segments)
+    return {
+        **agreement(values, credits, ref_values, batch.num_segments, batch.rewards),
+        "method": f"control:{kind}", "credit_constant": False, "first_error_rate": None,
+        "first_error_chance": None, "first_error_completions": 0, "advantage_std": None, "seconds": 0.0,
+        "seconds_vs_sample": None, "forward_tokens": 0, "generated_tokens": 0, "backward_tokens": 0,
+        "value_coverage": None,
+    }
+
+
 def _num(x: float | None, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
@@ -366,8 +383,8 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
                 reruns: int) -> None:
     table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
                   show_header=True, header_style="bold")
-    for column in ["method", "value ρ / r", "value ρ inner", "credit ρ / r", "first error (chance)", "adv std",
-                   "seconds", "× sample", "fwd tokens", "gen tokens"]:
+    for column in ["method", "value ρ / r", "value ρ inner", "value ρ | R", "credit ρ / r", "credit ρ | R",
+                   "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens", "gen tokens"]:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
         first = "—" if row["first_error_rate"] is None else \
@@ -377,9 +394,9 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
         table.add_row(
             row["method"],
             "—" if row["value_spearman"] is None else f"{row['value_spearman']:.3f} / {_num(row['value_pearson'])}",
-            _num(row["value_spearman_inner"]),
-            f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}",
-            first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
+            _num(row["value_spearman_inner"]), _num(row["value_spearman_within"]),
+            f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}", _num(row["credit_spearman_within"]),
+            _num(row["value_coverage"], 2), first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
             f"{row['forward_tokens']:,}", f"{row['generated_tokens']:,}",
         )
     # Piped or redirected output gets 80 columns by default, too narrow for ten columns.
@@ -390,12 +407,16 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
     wide.print(f"reference: MC, K={reference['k']} per boundary, {reference['seconds']:.1f}s, "
                   f"{reference.get('generated_tokens', 0):,} generated tokens{sample}. ρ Spearman, r Pearson; "
                   "'inner' leaves out each completion's last segment (its value is the reward); "
+                  "'| R' ranks within completions of one reward (inner values), where control:outcome "
+                  "(V = own reward) carries nothing; control:baseline keeps V(S_0); "
                   "'const': credit constant within a completion, so it cannot localise (a tie is no hit).")
 
 
 # Columns of the batch table: (header, column, digits).
 BATCH_COLUMNS = [("value ρ", "value_spearman", 3), ("value ρ inner", "value_spearman_inner", 3),
-                 ("credit ρ", "credit_spearman", 3), ("first error", "first_error_rate", 2),
+                 ("value ρ | R", "value_spearman_within", 3), ("credit ρ", "credit_spearman", 3),
+                 ("credit ρ | R", "credit_spearman_within", 3), ("coverage", "value_coverage", 2),
+                 ("first error", "first_error_rate", 2),
                  ("chance", "first_error_chance", 2), ("adv std", "advantage_std", 3), ("seconds", "seconds", 2),
                  ("× sample", "seconds_vs_sample", 2)]
 
@@ -430,5 +451,8 @@ def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: 
             else:
                 cells.append(f"{stat[0]:.{digits}f} ± {(stat[2] - stat[1]) / 2:.{digits}f}")
         table.add_row(method, *cells)
-    wide = console if console.is_terminal else Console(stderr=True, width=170)
+    wide = console if console.is_terminal else Console(stderr=True, width=210)
     wide.print(table)
+    wide.print("'inner': without each completion's last segment (its value is the reward); '| R': ranked within "
+               "completions of one reward, where control:outcome (V = own reward) carries nothing; "
+               "control:baseline keeps V(S_0) until the reward; coverage: inner boundaries with evidence.")

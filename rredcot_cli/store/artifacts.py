@@ -90,6 +90,9 @@ CREDITS = pa.schema(
         _field("method", pa.string()),
         _field("value", pa.float32(), nullable=True),  # V(S_k) where the method has one
         _field("credit", pa.float32()),
+        # Whether V(S_k) rests on evidence (False: the estimator had none and the previous value was
+        # kept); null for methods that do not report it, and in files written before it
+        _added_field("value_covered", pa.bool_()),
     ]
 )
 
@@ -149,6 +152,9 @@ TRAIN_METRICS = pa.schema(
         _added_field("credit_forward_tokens", pa.int64()),
         # std of the token advantages over the step's completion tokens: how spread the signal is
         _added_field("advantage_std", pa.float32()),
+        # share of the inner segment boundaries whose value rested on evidence (rredcot: the others'
+        # suffixes or answers); null for methods that estimate no values
+        _added_field("value_coverage", pa.float32()),
         # sampler vs trainer log-probs on the sampled tokens (rredcot_cli/train/mismatch.py): mean and
         # max |delta log p|, k3 KL(sampler || trainer), share of tokens with ratio past
         # train.sampler_correction_cap, and the tokens measured; NaN (and 0 tokens) on a step whose
@@ -176,6 +182,10 @@ CREDIT_QUALITY = pa.schema(
         _field("value_pearson_inner", pa.float64(), nullable=True),
         _field("credit_spearman", pa.float64(), nullable=True),
         _field("credit_pearson", pa.float64(), nullable=True),
+        # the same within completions of one reward (report/judge.py spearman_within): where the
+        # outcome control carries nothing; null in files written before them
+        _added_field("value_spearman_within", pa.float64()),
+        _added_field("credit_spearman_within", pa.float64()),
         _field("first_error_rate", pa.float64(), nullable=True),  # null: benchmark has no step check
         _field("first_error_chance", pa.float64(), nullable=True),
         _field("first_error_completions", pa.int32()),
@@ -185,6 +195,8 @@ CREDIT_QUALITY = pa.schema(
         _field("forward_tokens", pa.int64()),
         _field("generated_tokens", pa.int64()),
         _field("backward_tokens", pa.int64()),
+        # share of inner boundaries whose value rested on evidence (null: the method reports none)
+        _added_field("value_coverage", pa.float64()),
     ]
 )
 

@@ -380,6 +380,7 @@ class Trainer:
             "overflow_skipped": stats.overflow_skipped if learned else None,
             **self.clock.columns(),
             "credit_forward_tokens": _value_forward_tokens(learned.batch) if learned else None,
+            "value_coverage": _value_coverage(learned.batch) if learned else None,
             "advantage_std": (_advantage_std(learned.credit.token_advantages, learned.batch.token_mask)
                               if learned else None),
         }
@@ -569,10 +570,20 @@ def _value_forward_tokens(batch) -> int | None:
     return stats.get("forward_tokens")
 
 
+def _value_coverage(batch) -> float | None:
+    """Share of this step's inner segment boundaries whose value rested on evidence (this rank's
+    share under torchrun); None for methods that estimate no values, or a step with no inner
+    boundary."""
+    stats = (batch.extras or {}).get("value_stats") or {}
+    boundaries = stats.get("value_boundaries")
+    return stats["value_covered"] / boundaries if boundaries else None
+
+
 def _with_phase_columns(history: list[dict]) -> list[dict]:
     """Metrics rows of an older checkpoint (``checkpoint.saved_history``), with the per-phase
     columns (null) that rows written before they existed lack, so every row has the same columns."""
-    names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std", *mismatch.COLUMNS]
+    names = [*steptime.StepClock().columns(), "credit_forward_tokens", "advantage_std", "value_coverage",
+             *mismatch.COLUMNS]
     for row in history:
         for name in names:
             row.setdefault(name, None)

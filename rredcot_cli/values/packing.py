@@ -401,3 +401,21 @@ def _run_probe_rows(model, layers, local, traces, probes, rows, width, neg, devi
         stats["forward_tokens"] = stats.get("forward_tokens", 0) + R * width
     for index, at, n in spans:
         results[index] = logprobs[at : at + n]
+
+
+PROBE_SCORING = ("auto", "kv_cache", "packed")
+
+
+def probe_scorer(probe_scoring: str, *, auto: str):
+    """The probe scorer called ``probe_scoring`` (``kv_cache`` or ``packed``; ``auto`` means
+    ``auto``, the estimator's measured choice: docs/rredcot-value-cost.md)."""
+    if probe_scoring not in PROBE_SCORING:
+        raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORING)}")
+    name = auto if probe_scoring == "auto" else probe_scoring
+    return cached_probe_logprobs if name == "kv_cache" else packed_probe_logprobs
+
+
+def value_stats(batch) -> dict | None:
+    """The batch's cost record (``batch.extras["value_stats"]``: forward tokens and the like), made
+    on first use; None for a batch without extras."""
+    return batch.extras.setdefault("value_stats", {}) if batch.extras is not None else None

@@ -15,13 +15,31 @@ the more verbose the format (16 tokens are two step lines of `chain` but a fifth
 covers the same steps whatever their length; weights are clipped at ``clip`` (0 = off);
 ``matched`` uses only suffixes cut at the same segment index k, ``all`` every boundary of every
 trace in the group. Everything is computed in log space until the final normalisation.
+
+Leave-one-out (issue 37): only the *other* members' suffixes are evidence for V(S_i,k). Before, trace
+i's own next segment was one of them; on-policy its weight is exactly 1 and its utility is R_i, while
+other traces' text, written from other prefixes, gets likelihood ratios near 0 on real model text,
+so the self-normalised estimate collapsed to V(S_i,k) ~= R_i: the own outcome fed back into the
+prefix values (86 % of SmolLM2's multi-line answers within 0.05 of their own reward). The same held
+for the "every usable suffix has one utility" shortcut when the own suffix was among them. Now a
+prefix whose group has no other usable suffix has no estimate (NaN: RREDCoT keeps the previous
+value and counts the boundary as uncovered).
+
+Ordinary importance sampling (``self_normalised=False``, the default since issue 37) is the
+estimator whose bias the paper states (non-positive, zero only when the sampled suffixes cover
+every rewarded continuation): foreign suffixes that the prefix makes implausible get weights near
+0 and pull V towards 0, where self-normalisation would rescale them to sum to 1 and keep their
+rewards. Its estimate is capped at the largest utility among the suffixes (a clipped weight above
+1 could otherwise give V > 1, which no probability of success can be).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rredcot_cli.values.packing import Probe, cached_probe_logprobs
+from rredcot_cli.methods.base import CreditBatch
+from rredcot_cli.values.packing import Probe, cached_probe_logprobs, probe_scorer, value_stats
+from rredcot_cli.values.registry import ValueSettings, register_value_estimator
 
 WINDOW_UNITS = ("tokens", "segments")
 
@@ -48,7 +66,8 @@ def suffix_is_values(
 
     boundaries[i]: completion-token offsets b_i,0 < ... (S_i,k = prompt + completion[:b_i,k]);
     sampling_logprobs[i]: log q of each completion token as sampled. Returns per trace a float32
-    tensor (len(boundaries[i]),); a prefix with no usable suffix gets NaN. ``window_unit``:
+    tensor (len(boundaries[i]),); a prefix with no usable suffix of another trace of its group gets
+    NaN. ``window_unit``:
     ``tokens`` or ``segments`` (a suffix cut at boundary m then ends at boundary m + window, or
     at the completion's end).
     """
@@ -82,7 +101,8 @@ def suffix_is_values(
     owners: list[tuple[int, int, float, float]] = []  # (trace, slot, log q, reward)
     for i, bounds in enumerate(boundaries):
         for k, b in enumerate(bounds):
-            usable = [(j, start, end) for j in members[groups[i]] for start, end in suffixes(j, k)]
+            # Leave-one-out: the trace's own continuation (weight 1, utility R_i) is never evidence.
+            usable = [(j, start, end) for j in members[groups[i]] if j != i for start, end in suffixes(j, k)]
             utilities_k = {float(rewards[j]) for j, _, _ in usable}
             if self_normalised and len(utilities_k) == 1:
                 # Self-normalised weights sum to 1, so equal utilities give V = that utility
@@ -109,5 +129,22 @@ def suffix_is_values(
             weights = torch.softmax(lw_t, dim=0)  # w / sum(w), stable in log space
             values[i][k] = float((weights * u).sum())
         else:
-            values[i][k] = float((torch.exp(lw_t) * u).mean())
+            values[i][k] = min(float((torch.exp(lw_t) * u).mean()), float(u.max()))
     return values
+
+
+@register_value_estimator("suffix_is")
+def suffix_is_estimator(batch: CreditBatch, policy, offsets: list[list[int]], settings: ValueSettings) -> list[torch.Tensor]:
+    """``suffix_is_values`` on a credit batch: the other group members' suffixes after each listed
+    completion offset, weighted by the current policy (``policy.model``) against their sampling
+    log-probs (``batch.old_logprobs``, required)."""
+    if batch.old_logprobs is None:
+        raise ValueError("suffix_is needs the sampling log-probs of the completions (batch.old_logprobs)")
+    prompts, completions = batch.prompt_token_ids, batch.completion_token_ids
+    traces = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    sampling = [batch.old_logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)]
+    return suffix_is_values(policy.model, traces, [len(p) for p in prompts], offsets, sampling,
+                            batch.rewards.tolist(), batch.group_ids.tolist(), matched=settings.matched,
+                            window=settings.window, window_unit=settings.window_unit,
+                            self_normalised=settings.self_normalised, clip=settings.clip, device=policy.device,
+                            stats=value_stats(batch), scorer=probe_scorer(settings.probe_scoring, auto="kv_cache"))

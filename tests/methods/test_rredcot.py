@@ -174,12 +174,15 @@ def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
     values = suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=True, scorer=scorer, **common)
     assert calls == [] and all(v.tolist() == [1.0, 1.0] for v in values)
     # Mixed rewards: every slot is scored; log w = 0 - (-1 * len) favours longer suffixes equally.
+    # Leave-one-out: trace 1's group mates both have reward 1 (its value is 1 without scoring);
+    # traces 0 and 2 each weigh their two mates' suffixes at both slots: 2 x 2 x 2 probes.
     values = suffix_is_values(None, traces, rewards=[1.0, 0.0, 1.0], self_normalised=True, scorer=scorer, **common)
-    assert calls == [3 * 2 * 3]
-    assert values[0].tolist() == pytest.approx([2 / 3, 2 / 3])
-    # Plain IS weights do not sum to one: the uniform group is scored.
+    assert calls == [2 * 2 * 2]
+    assert values[0].tolist() == pytest.approx([1 / 2, 1 / 2])
+    assert values[1].tolist() == [1.0, 1.0]
+    # Plain IS weights do not sum to one: the uniform group is scored (each trace, its two mates).
     suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=False, scorer=scorer, **common)
-    assert calls[-1] == 3 * 2 * 3
+    assert calls[-1] == 3 * 2 * 2
 
 
 def test_suffix_is_window_in_segments_covers_whole_segments():
@@ -206,9 +209,12 @@ def test_suffix_is_window_in_segments_covers_whole_segments():
     assert spans(1, "segments")[0] == [(0, 3), (3, 7), (7, 10)]
     assert spans(2, "tokens")[0] == [(0, 2), (3, 5), (7, 9)]
     assert spans(2, "segments")[0] == [(0, 7), (3, 10), (7, 10)]
-    # Plain IS, slot 1 of trace 0 (suffixes of 4 tokens, w = e^4 each): (e^4 * 1 + e^4 * 0) / 2.
+    # Plain IS, leave-one-out, slot 1: each trace weighs its one mate's suffix (4 tokens, w = e^4).
+    # Trace 0's mate has utility 0: V = 0. Trace 1's mate has utility 1: e^4 * 1, capped at the
+    # largest utility, 1 (no probability of success exceeds it).
     _, values = spans(1, "segments")
-    assert float(values[0][1]) == pytest.approx(math.exp(4) / 2)
+    assert float(values[0][1]) == 0.0
+    assert float(values[1][1]) == 1.0
     with pytest.raises(ValueError, match="window unit"):
         suffix_is_values(None, traces, window=1, window_unit="lines", scorer=lambda *a, **k: [], **common)
 
@@ -253,7 +259,7 @@ def test_suffix_is_blames_the_single_wrong_step():
 
     samples = [sample(bench.solution(problem), i) for i in range(5)] + [sample(wrong, 5)]
     segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1, max_segments=40)
-    params = {**RREDCoTParams().__dict__, "value": "suffix_is"}
+    params = {**RREDCoTParams().__dict__, "value": "suffix_is", "is_self_normalised": False}
     batch = credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
     credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})
     credits = torch.nan_to_num(credit.segment_credits[5], nan=float("inf"))

@@ -23,6 +23,8 @@ from rredcot_cli.report.judge import (
     problem_of,
     spearman,
     token_at_char,
+    token_at_completion_char,
+    control_values,
 )
 
 runner = CliRunner()
@@ -103,6 +105,40 @@ def test_agreement_hand_computed_all_and_inner_segments():
     assert none["credit_spearman"] == pytest.approx(result["credit_spearman"])
 
 
+def test_agreement_within_one_reward_hand_computed():
+    """Completion 0 (reward 1) holds the inner pairs (0.75, 0.25), (0.25, 0.75); completion 1 (reward
+    0) one pair (0.5, 0.125). Within reward 1: ranks (2 1) vs (1 2) -> -1, 2 pairs; reward 0 has a
+    single pair and drops out: -1. Credits within reward 1: 0.5 0.5 0.5 (constant) vs -0.25 0.5 0.25
+    -> counts 0; within reward 0: -1 -1 (constant) -> 0; so 0."""
+    values = torch.tensor([[0.75, 0.25, 1.0], [0.5, 0.0, NAN]])
+    credits = torch.tensor([[0.5, 0.5, 0.5], [-1.0, -1.0, NAN]])
+    result = agreement(values, credits, REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 0.0]))
+    assert result["value_spearman_within"] == pytest.approx(-1.0)
+    assert result["credit_spearman_within"] == 0.0
+    # The same reward everywhere: one stratum, so the inner correlation (-1/2) again.
+    same = agreement(values, credits, REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 1.0]))
+    assert same["value_spearman_within"] == pytest.approx(-0.5)
+
+
+def test_controls_hand_computed():
+    """Two groups: rewards (1, 0) with 3 and 2 segments, and (1,) with 1 segment. ``outcome``
+    copies the reward into every inner value, ``baseline`` keeps the group mean (0.5 and 1)."""
+    rewards, groups, K = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.tensor([3, 2, 1])
+    values, credits = control_values("outcome", rewards, groups, K)
+    assert values.tolist()[0] == [1.0, 1.0, 1.0] and values[1, :2].tolist() == [0.0, 0.0]
+    assert credits.tolist()[0] == [0.5, 0.0, 0.0] and credits[1, :2].tolist() == [-0.5, 0.0]
+    assert credits[2, 0].item() == 0.0 and math.isnan(values[2, 1].item())
+    values, credits = control_values("baseline", rewards, groups, K)
+    assert values.tolist()[0] == [0.5, 0.5, 1.0] and values[1, :2].tolist() == [0.5, 0.0]
+    assert credits.tolist()[0] == [0.0, 0.0, 0.5] and credits[1, :2].tolist() == [0.0, -0.5]
+    # The outcome copy ranks nothing within a reward: every inner value of a stratum is the reward.
+    result = agreement(*control_values("outcome", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), NUM_SEGMENTS),
+                       REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 0.0]))
+    assert result["value_spearman_within"] == 0.0
+    with pytest.raises(ValueError, match="unknown control"):
+        control_values("oracle", rewards, groups, K)
+
+
 def test_constant_credit_is_detected():
     assert constant_within_completions(torch.tensor([[0.5, 0.5, 0.5], [-1.0, -1.0, NAN]]), NUM_SEGMENTS)
     assert not constant_within_completions(REFERENCE_CREDITS, NUM_SEGMENTS)
@@ -147,6 +183,50 @@ def test_grpo_like_credit_never_localises():
 def test_token_at_char():
     texts = ["ab", "c", "", "de"]
     assert [token_at_char(texts, c) for c in range(6)] == [0, 0, 1, 3, 3, 3]
+
+
+def test_first_error_token_is_exact_on_byte_level_bpe():
+    """A byte-level BPE that never saw '÷' or '×' splits each over two byte tokens, and each of
+    those decodes on its own to a replacement character: summing per-token lengths counts every
+    such character twice and shifts the later offsets (the old mapping blamed the wrong token,
+    then the wrong segment). Offsets decoded cumulatively land on the token that holds the step."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["12 - 3 = 9\n", "4 + 5 = 9\n", "Answer: 9"], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    text = "12 ÷ 3 = 4\n4 × 5 = 20\n20 - 3 = 17\nAnswer: 17"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    pieces = [tokenizer.decode([t]) for t in ids]
+    assert sum("\ufffd" in p for p in pieces) >= 4  # ÷ and × each split over two byte tokens
+    third_step = text.index("20 - 3")
+    token = token_at_completion_char(tokenizer, ids, third_step)
+    assert tokenizer.decode(ids[token:]).startswith("20 - 3")
+    assert tokenizer.decode(ids[:token]) == text[:third_step]
+    # Per-token texts put the step earlier: two replacement characters per split symbol.
+    assert token_at_char(pieces, third_step) < token
+
+    class ThirdStepWrong:  # a step-checked benchmark whose chains go wrong at step index 2
+        def first_wrong_step(self, completion, problem):
+            return 2
+
+        def step_char_spans(self, completion):
+            starts = [0] + [i + 1 for i, c in enumerate(completion) if c == "\n"]
+            return [(a, completion.find("\n", a) if "\n" in completion[a:] else len(completion)) for a in starts][:3]
+
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    segment_ids, k = [], 0
+    for t in ids:  # one segment per line, the newline closing its line
+        segment_ids.append(k)
+        k += t == newline
+    sample = {"completion": text, "completion_token_ids": ids, "reward": 0.0}
+    targets = first_error_segments([sample], torch.tensor([segment_ids]), ThirdStepWrong(), [None], tokenizer)
+    assert targets == [2]  # per-token offsets named segment 1
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +287,8 @@ def judged(tmp_path_factory):
 
 
 MEASURES_THAT_ARE_NOT_TIMES = ["method", "credit_constant", "value_spearman", "value_pearson", "value_spearman_inner",
-                               "value_pearson_inner", "credit_spearman", "credit_pearson", "first_error_rate",
+                               "value_pearson_inner", "credit_spearman", "credit_pearson", "value_spearman_within",
+                               "credit_spearman_within", "value_coverage", "first_error_rate",
                                "first_error_chance", "first_error_completions", "advantage_std", "forward_tokens",
                                "generated_tokens", "backward_tokens"]
 
@@ -217,8 +298,14 @@ def test_judge_writes_one_row_per_method(judged):
     table = artifacts.read_artifact("credit_quality", run / "judge" / "credit_quality.parquet")
     assert table.schema.equals(artifacts.ARTIFACTS["credit_quality"].schema)
     rows = {r["method"]: r for r in table.to_pylist()}
-    assert list(rows) == ["grpo", "rredcot", "loo", "mc"]
+    assert list(rows) == ["grpo", "rredcot", "loo", "mc", "control:outcome", "control:baseline"]
+    controls = {name: rows.pop(f"control:{name}") for name in ("outcome", "baseline")}
     samples = artifacts.read_artifact("samples", run / "sample" / "samples.parquet").to_pylist()
+    # The controls: the outcome copy ranks nothing within one reward; both cost nothing.
+    assert controls["outcome"]["value_spearman_within"] == 0.0
+    for control in controls.values():
+        assert control["seconds"] == 0.0 and control["forward_tokens"] == 0 and control["value_spearman"] is not None
+    assert rows["rredcot"]["value_coverage"] is not None and 0 <= rows["rredcot"]["value_coverage"] <= 1
     incorrect = sum(s["reward"] <= 0.5 for s in samples)
 
     grpo = rows["grpo"]
@@ -337,7 +424,8 @@ def test_judge_batches_give_one_row_per_method_and_batch_and_intervals(judged, t
     result = invoke("judge", f"run.dir={copy}", *SMALL, *JUDGE, "judge.batches=2")
     assert result.exit_code == 0, result.output
     rows = artifacts.read_artifact("credit_quality", copy / "judge" / "credit_quality.parquet").to_pylist()
-    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (0, 1) for m in ["grpo", "rredcot", "loo", "mc"]]
+    judged_and_controls = ["grpo", "rredcot", "loo", "mc", "control:outcome", "control:baseline"]
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (0, 1) for m in judged_and_controls]
     assert "± " in result.output and "over batches" in result.output
     summary = batch_summary(rows)
     for method in ["rredcot", "mc"]:
