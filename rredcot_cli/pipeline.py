@@ -212,6 +212,18 @@ def attribute(spec: MethodSpec, batch: CreditBatch, params: dict[str, Any], coll
     return spec.fn(batch, **params, **{name: collaborators[name] for name in spec.needs})
 
 
+def segment_mean_advantages(token_advantages: torch.Tensor, batch: CreditBatch) -> torch.Tensor:
+    """(B, T) token advantages -> (B, S) their mean over each segment's tokens, NaN past K_i: the
+    push each segment actually gets from the update, whatever the method's rule."""
+    mask = batch.token_mask
+    B, S = mask.shape[0], batch.max_segments
+    index = batch.segment_ids.clamp(min=0)
+    tokens = torch.where(mask, token_advantages.to(torch.float32), torch.zeros(()))
+    sums = torch.zeros(B, S).scatter_add_(1, index, tokens)
+    counts = torch.zeros(B, S).scatter_add_(1, index, mask.to(torch.float32))
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.full((B, S), float("nan")))
+
+
 def selected_credit(credit: Credit, batch: CreditBatch, selection: Callable, entropies: torch.Tensor) -> Credit:
     """The credit an update trains on when the method also picks the tokens that carry the policy
     gradient (``MethodSpec.token_selection``, e.g. high_entropy): token advantages times the
@@ -222,11 +234,7 @@ def selected_credit(credit: Credit, batch: CreditBatch, selection: Callable, ent
     mask = batch.token_mask
     weights = selection(entropies[:, : mask.shape[1]], mask).to(torch.float32)
     tokens = torch.where(mask, credit.token_advantages * weights, torch.zeros(()))
-    B, S = mask.shape[0], batch.max_segments
-    index = batch.segment_ids.clamp(min=0)
-    sums = torch.zeros(B, S).scatter_add_(1, index, tokens)
-    counts = torch.zeros(B, S).scatter_add_(1, index, mask.to(torch.float32))
-    credits = torch.where(counts > 0, sums / counts.clamp(min=1), torch.full((B, S), float("nan")))
+    credits = segment_mean_advantages(tokens, batch)
     return Credit(token_advantages=tokens.contiguous(), segment_values=credit.segment_values, segment_credits=credits,
                   token_values=credit.token_values, value_targets=credit.value_targets,
                   segment_value_covered=credit.segment_value_covered)

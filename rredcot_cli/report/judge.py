@@ -78,7 +78,8 @@ def reference_credits(reference: torch.Tensor, num_segments: torch.Tensor) -> to
 
 
 def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, reference: torch.Tensor,
-              num_segments: torch.Tensor, rewards: torch.Tensor | None = None) -> dict[str, float | None]:
+              num_segments: torch.Tensor, rewards: torch.Tensor | None = None,
+              segment_advantages: torch.Tensor | None = None) -> dict[str, float | None]:
     """Spearman and Pearson correlation with the MC reference, over every existing segment of
     every completion:
 
@@ -89,7 +90,10 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
     - ``credit_*``: the method's segment credit against the reference credit V(S_k) - V(S_{k-1});
     - with ``rewards`` (B,): ``value_spearman_within`` (inner values) and ``credit_spearman_within``,
       the same inside groups of completions with the same reward (``spearman_within``), where a
-      value that copies the outcome ranks nothing.
+      value that copies the outcome ranks nothing;
+    - with ``segment_advantages`` (B, S), the mean token advantage of each segment (what the update
+      pushes it by, after the method's advantage rule): ``advantage_spearman`` against the reference
+      credit, and ``advantage_spearman_within`` inside one reward (with ``rewards``).
     """
     S = segment_credits.shape[1]
     if reference.shape[1] != S + 1:
@@ -105,8 +109,13 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
     c, r = finite_pairs(segment_credits, ref_credits, exists)
     out["credit_spearman"] = spearman(c, r)
     out["credit_pearson"] = pearson(c, r)
+    if segment_advantages is not None:
+        a, r = finite_pairs(segment_advantages, ref_credits, exists)
+        out["advantage_spearman"] = spearman(a, r)
     if rewards is not None:
         same_reward = rewards[:, None].expand_as(exists)
+        if segment_advantages is not None:
+            out["advantage_spearman_within"] = spearman_within(segment_advantages, ref_credits, same_reward, exists)
         out["value_spearman_within"] = spearman_within(segment_values, ref_values, same_reward, exists & not_last)
         out["credit_spearman_within"] = spearman_within(segment_credits, ref_credits, same_reward, exists)
     return out

@@ -53,7 +53,8 @@ from rredcot_cli.report.judge import (CONTROLS, advantage_spread, agreement, che
                                       constant_within_completions, control_values, first_error_segments,
                                       localisation, problem_of)
 from rredcot_cli.methods.mc import mc_reference_values
-from rredcot_cli.pipeline import attribute, completion_entropies, credit_batch, selected_credit
+from rredcot_cli.pipeline import (attribute, completion_entropies, credit_batch, segment_mean_advantages,
+                                  selected_credit)
 from rredcot_cli.metrics import mean_ci
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "sampling", "judge"]
@@ -329,7 +330,8 @@ def judge_method(name: str, params: dict[str, Any], samples: list[dict], segment
         stats = batch.extras.get("value_stats") or {}
         boundaries = stats.get("value_boundaries")
         measures.append({
-            **agreement(credit.segment_values, credit.segment_credits, ref_values, batch.num_segments, batch.rewards),
+            **agreement(credit.segment_values, credit.segment_credits, ref_values, batch.num_segments, batch.rewards,
+                        segment_mean_advantages(credit.token_advantages, batch)),
             "value_coverage": stats["value_covered"] / boundaries if boundaries else None,
             "seconds": seconds,
             "forward_tokens": stats.get("forward_tokens", 0) + stats.get("prefill_tokens", 0),
@@ -368,6 +370,7 @@ def judge_control(kind: str, batch, ref_values) -> dict[str, Any]:
     values, credits = control_values(kind, batch.rewards, batch.group_ids, batch.num_segments)
     return {
         **agreement(values, credits, ref_values, batch.num_segments, batch.rewards),
+        "advantage_spearman": None, "advantage_spearman_within": None,
         "method": f"control:{kind}", "credit_constant": False, "first_error_rate": None,
         "first_error_chance": None, "first_error_completions": 0, "advantage_std": None, "seconds": 0.0,
         "seconds_vs_sample": None, "forward_tokens": 0, "generated_tokens": 0, "backward_tokens": 0,
@@ -384,7 +387,7 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
     table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
                   show_header=True, header_style="bold")
     for column in ["method", "value ρ / r", "value ρ inner", "value ρ | R", "credit ρ / r", "credit ρ | R",
-                   "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens", "gen tokens"]:
+                   "adv ρ | R", "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens", "gen tokens"]:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
         first = "—" if row["first_error_rate"] is None else \
@@ -396,7 +399,7 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
             "—" if row["value_spearman"] is None else f"{row['value_spearman']:.3f} / {_num(row['value_pearson'])}",
             _num(row["value_spearman_inner"]), _num(row["value_spearman_within"]),
             f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}", _num(row["credit_spearman_within"]),
-            _num(row["value_coverage"], 2), first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
+            _num(row["advantage_spearman_within"]), _num(row["value_coverage"], 2), first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
             f"{row['forward_tokens']:,}", f"{row['generated_tokens']:,}",
         )
     # Piped or redirected output gets 80 columns by default, too narrow for ten columns.
@@ -415,7 +418,8 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
 # Columns of the batch table: (header, column, digits).
 BATCH_COLUMNS = [("value ρ", "value_spearman", 3), ("value ρ inner", "value_spearman_inner", 3),
                  ("value ρ | R", "value_spearman_within", 3), ("credit ρ", "credit_spearman", 3),
-                 ("credit ρ | R", "credit_spearman_within", 3), ("coverage", "value_coverage", 2),
+                 ("credit ρ | R", "credit_spearman_within", 3), ("adv ρ | R", "advantage_spearman_within", 3),
+                 ("coverage", "value_coverage", 2),
                  ("first error", "first_error_rate", 2),
                  ("chance", "first_error_chance", 2), ("adv std", "advantage_std", 3), ("seconds", "seconds", 2),
                  ("× sample", "seconds_vs_sample", 2)]
@@ -455,4 +459,5 @@ def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: 
     wide.print(table)
     wide.print("'inner': without each completion's last segment (its value is the reward); '| R': ranked within "
                "completions of one reward, where control:outcome (V = own reward) carries nothing; "
-               "control:baseline keeps V(S_0) until the reward; coverage: inner boundaries with evidence.")
+               "control:baseline keeps V(S_0) until the reward; adv: each segment's mean token advantage (after the "
+               "advantage rule) against the reference credit; coverage: inner boundaries with evidence.")

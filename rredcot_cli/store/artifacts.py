@@ -186,6 +186,10 @@ CREDIT_QUALITY = pa.schema(
         # outcome control carries nothing; null in files written before them
         _added_field("value_spearman_within", pa.float64()),
         _added_field("credit_spearman_within", pa.float64()),
+        # each segment's mean token advantage (after the advantage rule) against the reference
+        # credit, over all segments and within one reward
+        _added_field("advantage_spearman", pa.float64()),
+        _added_field("advantage_spearman_within", pa.float64()),
         _field("first_error_rate", pa.float64(), nullable=True),  # null: benchmark has no step check
         _field("first_error_chance", pa.float64(), nullable=True),
         _field("first_error_completions", pa.int32()),

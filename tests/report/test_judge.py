@@ -115,6 +115,14 @@ def test_agreement_within_one_reward_hand_computed():
     result = agreement(values, credits, REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 0.0]))
     assert result["value_spearman_within"] == pytest.approx(-1.0)
     assert result["credit_spearman_within"] == 0.0
+    # Segment advantages 1 2 3 | -1 -2 against the reference credits -0.25 0.5 0.25 | -0.375 -0.125:
+    # ranks (3 4 5 2 1) vs (2 5 4 1 3) over all (sum d^2 = 1+1+1+1+4 = 8 -> 1 - 48/120 = 0.6); within
+    # reward 1: (1 2 3) vs (1 3 2) -> 0.5, 3 pairs; reward 0: (2 1) vs (1 2) -> -1, 2 pairs:
+    # (3 * 0.5 - 2) / 5 = -0.1.
+    advantages = torch.tensor([[1.0, 2.0, 3.0], [-1.0, -2.0, NAN]])
+    pushed = agreement(values, credits, REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 0.0]), advantages)
+    assert pushed["advantage_spearman"] == pytest.approx(0.6)
+    assert pushed["advantage_spearman_within"] == pytest.approx(-0.1)
     # The same reward everywhere: one stratum, so the inner correlation (-1/2) again.
     same = agreement(values, credits, REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 1.0]))
     assert same["value_spearman_within"] == pytest.approx(-0.5)
@@ -288,7 +296,8 @@ def judged(tmp_path_factory):
 
 MEASURES_THAT_ARE_NOT_TIMES = ["method", "credit_constant", "value_spearman", "value_pearson", "value_spearman_inner",
                                "value_pearson_inner", "credit_spearman", "credit_pearson", "value_spearman_within",
-                               "credit_spearman_within", "value_coverage", "first_error_rate",
+                               "credit_spearman_within", "advantage_spearman", "advantage_spearman_within",
+                               "value_coverage", "first_error_rate",
                                "first_error_chance", "first_error_completions", "advantage_std", "forward_tokens",
                                "generated_tokens", "backward_tokens"]
 
