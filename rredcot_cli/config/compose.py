@@ -219,7 +219,9 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
             OmegaConf.update(params, key, ov.value(), merge=True)
         except OmegaConfBaseException as e:
             raise fail(e, key, text) from e
-    missing = sorted(OmegaConf.missing_keys(params))
+    # Not OmegaConf.missing_keys: it resolves interpolations, and a method's config may read other
+    # groups (rredcot's value: ${model.value_estimator}), which these params alone do not hold.
+    missing = sorted(key for key in params.keys() if OmegaConf.is_missing(params, key))
     if missing:
         needed = " ".join(f"method.{k}=VALUE" for k in missing)
         raise ConfigError(f"method '{name}' needs {needed}")

@@ -58,6 +58,12 @@ class ModelConfig:
     chat_template: Any = "auto"
     # LoRA adapters instead of training every weight (model.lora.r > 0).
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # The value estimator RREDCoT uses with this model unless method.value says otherwise (the
+    # method's config reads it: conf/method/rredcot.yaml). Chosen per kind of text by the judge
+    # (docs/credit-quality.md, issue 37): answer_probe on free text, where other traces' wording gets
+    # likelihood ratios near 0 and suffix_is has nothing to weigh; suffix_is on the embedded chain
+    # tasks, where group mates write the same steps token for token (the tiny presets set it).
+    value_estimator: str = "answer_probe"
 
 
 @dataclass

@@ -40,7 +40,9 @@ ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
 
 @dataclass
 class RREDCoTParams:
-    value: str = "suffix_is"  # suffix_is | answer_probe
+    # A registered value estimator (rredcot_cli/values/registry.py): answer_probe | answer_share |
+    # suffix_is. Its config (conf/method/rredcot.yaml) defaults to the model preset's choice.
+    value: str = "answer_probe"
     advantage: str = "immediate"  # immediate | reward_to_go | mixed
     mix_lambda: float = 1.0
     baseline: str = "group_mean"  # V(S_0): group_mean | estimator
@@ -50,7 +52,7 @@ class RREDCoTParams:
     probe_template: Optional[str] = None
     # suffix_is options (design.md section 4)
     is_boundaries: str = "matched"  # matched | all
-    is_self_normalised: bool = True
+    is_self_normalised: bool = False  # ordinary IS: implausible foreign suffixes pull V towards 0 (values/suffix_is.py)
     # Length of the likelihood ratio, in is_window_unit; 0 = the whole suffix. One segment (one
     # step line) whatever its length: 16 tokens, the default before, localise as well on `chain`
     # but at chance on `chain_verbose`'s 70-token lines (docs/credit-quality.md).

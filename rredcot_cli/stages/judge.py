@@ -76,7 +76,7 @@ def judged_methods(requested: list[str] | None) -> list[str]:
     return list(requested)
 
 
-def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
+def method_params(name: str, changes: dict[str, Any] | None, model: DictConfig | None = None) -> dict[str, Any]:
     """Parameters of method ``name``: its dataclass defaults, then its ``method/<name>.yaml``
     (the first on the config search path: the user's config folders, then the packaged ones;
     none for a plugin method without one), then ``changes`` (``judge.params.<name>``). A key the
@@ -86,7 +86,7 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
     params = OmegaConf.structured(spec.params)
     OmegaConf.set_struct(params, True)
     yaml_file = config_file("method", name)
-    defaults = OmegaConf.to_container(OmegaConf.load(yaml_file)) if yaml_file is not None else {}
+    defaults = method_yaml(yaml_file, model) if yaml_file is not None else {}
     defaults.pop("name", None)
     for prefix, layer in [(f"{yaml_file}: ", defaults), (f"judge.params.{name}.", dict(changes or {}))]:
         for key, value in layer.items():
@@ -100,6 +100,17 @@ def method_params(name: str, changes: dict[str, Any] | None) -> dict[str, Any]:
     values = OmegaConf.to_container(params, resolve=True, enum_to_str=True)
     check_method_ranges(name, values, f"judge.params.{name}.")
     return values
+
+
+def method_yaml(yaml_file, model: DictConfig | None) -> dict[str, Any]:
+    """A method's config file with its ``${model.*}`` interpolations (e.g. rredcot's value estimator,
+    the model preset's choice) resolved against ``model``, as a composed config would have them."""
+    scope = OmegaConf.create({"model": OmegaConf.to_container(model, resolve=True) if model is not None else {},
+                              "method": OmegaConf.load(yaml_file)})
+    try:
+        return OmegaConf.to_container(scope.method, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{yaml_file}: {one_line(str(e).splitlines()[0])}") from e
 
 
 def seeded(params: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -155,7 +166,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     names = judged_methods(None if cfg.judge.methods is None else list(cfg.judge.methods))
     _check_options(cfg, overrides, names)
     changes = OmegaConf.to_container(cfg.judge.params, resolve=True)
-    all_params = {name: method_params(name, changes.get(name)) for name in names}
+    all_params = {name: method_params(name, changes.get(name), cfg.model) for name in names}
     inputs = {"samples": runs.find_input(cfg, "samples"), "segments": runs.find_input(cfg, "segments")}
 
     # The critic group configures ppo's critic; it names the judgement only when ppo is judged.
