@@ -268,12 +268,16 @@ def report(
     baseline: Annotated[Optional[str], typer.Option(
         "--baseline", help="Group label to pair every other group against, seed by seed (default: grpo "
         "when a group has that label).", show_default=False)] = None,
+    allow_mixed_commits: Annotated[bool, typer.Option(
+        "--allow-mixed-commits", help="Keep paired comparisons whose arms ran on different (or unrecorded) git "
+        "commits in the paired section, flagged; by default they are left out with a warning.")] = False,
 ) -> None:
     """Compare finished training runs: accuracy vs step and by chain length over seeds -> report.md, .csv, .png."""
     with _one_line_errors():
         from rredcot_cli.stages import report as report_stage  # deferred: --help (see the module docstring)
 
-        report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished, baseline=baseline)
+        report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished, baseline=baseline,
+                         allow_mixed_commits=allow_mixed_commits)
 
 
 def main() -> None:

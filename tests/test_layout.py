@@ -25,7 +25,7 @@ def test_top_level_layout():
     for name in ["pyproject.toml", "rredcot_cli", "conf", "tests", "README.md"]:
         assert (ROOT / name).exists(), name
     assert not (ROOT / "rredcot_cli" / "conf").exists(), "the config tree lives in conf/ at the top"
-    assert "runs/" in (ROOT / ".gitignore").read_text().split()
+    assert "/runs/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_installed_package_finds_the_top_level_conf():

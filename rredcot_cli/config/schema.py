@@ -260,6 +260,13 @@ class TrainConfig:
     # found, at most max_sampling_rounds draws per step (then train on the mixed groups found).
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4  # see dynamic_sampling
+    # The order training problems are drawn in. null: the split's own order from its start, the
+    # first steps x prompts_per_step problems, wrapping around (every run made before this option).
+    # A number: the whole train split, shuffled afresh on each pass over it by (this seed, pass),
+    # so seeds vary which problems a run sees and in what order, and a resumed run continues the
+    # same order (the data cursor is in the checkpoint). Independent of `seed` (sampling, init)
+    # and of benchmark.data_seed (which problems a synthetic split holds).
+    data_order_seed: Optional[int] = None
     # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/train/precision.py). auto follows
     # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
     precision: str = "auto"
@@ -523,6 +530,7 @@ RANGES: Dict[str, str] = {
     "train.save_every": ">= 0; 0 turns it off",
     "train.max_nonfinite_updates": ">= 0; 0 never stops",
     "train.max_sampling_rounds": ">= 1",
+    "train.data_order_seed": ">= 0; or null for the split's own order",
     "train.micro_batch_size": ">= 0; 0 turns it off",
     "train.micro_batch_tokens": ">= -1; -1 is auto, 0 turns it off",
     "train.logprob_chunk_tokens": ">= 0; 0 turns it off",

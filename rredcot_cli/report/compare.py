@@ -12,7 +12,10 @@ Student-t intervals (``rredcot_cli.metrics.mean_ci``):
   there are any (read generically: every numeric column averaged per run, then over runs), and
   the cost of ``rredcot attribute`` on saved traces when its manifests are there;
 - paired against a baseline group: per-seed differences in final pass@1 and the updates and
-  tokens a run needed to reach the baseline's final pass@1.
+  tokens a run needed to reach the baseline's final pass@1. A pair is a common-random-number pair
+  only when both arms ran the same code: a group whose pairs cross commits (the manifests' git
+  sha differs, or one is not recorded) is left out of the paired section, named in
+  ``Report.refused``, unless ``allow_mixed_commits`` keeps it, flagged (``PairedRow.cross_commit``).
 
 ``build_report(paths)`` loads, labels (``assign_labels``), groups (``summarize_group``) and
 aggregates into a ``Report`` (``Stat``, ``GroupSummary``, ``PairedRow``). The files are written by
@@ -99,6 +102,8 @@ class Report:
     skipped: list[Path] = field(default_factory=list)  # run dirs left out: train did not finish
     baseline: str | None = None  # the group the paired section compares against
     paired: list["PairedRow"] = field(default_factory=list)
+    refused: list["PairedRow"] = field(default_factory=list)  # pairs across commits, left out of ``paired``
+    allow_mixed_commits: bool = False  # such pairs are kept in ``paired`` (flagged) instead
 
 
 @dataclass
@@ -113,6 +118,8 @@ class PairedRow:
     runs: int
     steps_to_target: Stat | None  # over the runs that reached it
     tokens_to_target: Stat | None
+    # (seed, this group's commit, the baseline's) of every pair not on one known commit
+    cross_commit: list[tuple[int, str | None, str | None]] = field(default_factory=list)
 
 
 
@@ -294,8 +301,20 @@ def paired_summary(groups: Sequence[GroupSummary], baseline: str) -> list[Paired
             label=g.label, seeds=seeds, difference=Stat.of(diffs) if diffs else Stat(math.nan, math.nan, math.nan, 0),
             target=target, reached=len(reach), runs=len(g.runs),
             steps_to_target=Stat.of(steps) if steps else None,
-            tokens_to_target=Stat.of(tokens) if len(tokens) == len(steps) and tokens else None))
+            tokens_to_target=Stat.of(tokens) if len(tokens) == len(steps) and tokens else None,
+            cross_commit=[] if g is base else [(s, mine[s].commit, by_seed[s].commit) for s in seeds
+                                               if mine[s].commit is None or mine[s].commit != by_seed[s].commit]))
     return out
+
+
+def short_commit(sha: str | None) -> str:
+    """A manifest's git sha as people write it (7 hex digits), or ``unknown``."""
+    return sha[:7] if sha else "unknown"
+
+
+def cross_commit_text(row: PairedRow) -> str:
+    """``seed 0: b0dd4db vs 5be240e, seed 1: ...``: the pairs of ``row`` not on one known commit."""
+    return ", ".join(f"seed {seed}: {short_commit(mine)} vs {short_commit(base)}" for seed, mine, base in row.cross_commit)
 
 
 def default_baseline(groups: Sequence[GroupSummary]) -> str | None:
@@ -303,10 +322,13 @@ def default_baseline(groups: Sequence[GroupSummary]) -> str | None:
     return "grpo" if any(g.label == "grpo" for g in groups) else None
 
 
-def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False, baseline: str | None = None) -> Report:
+def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False, baseline: str | None = None,
+                 allow_mixed_commits: bool = False) -> Report:
     """Load, group and aggregate the runs at ``paths`` (``skip_unfinished``: leave out run dirs
     whose train stage did not finish, listed in ``Report.skipped``). ``baseline``: the group label
-    the paired section compares against (default: ``grpo`` when present)."""
+    the paired section compares against (default: ``grpo`` when present). Groups whose pairs
+    with the baseline ran on different or unknown commits go to ``Report.refused`` instead of
+    ``Report.paired``, unless ``allow_mixed_commits``."""
     skipped: list[Path] = []
     results = load_runs(paths, skip_unfinished=skip_unfinished, skipped=skipped)
     assign_labels(results)
@@ -320,7 +342,11 @@ def build_report(paths: Sequence[str | Path], skip_unfinished: bool = False, bas
     elif baseline not in grouped:
         raise RunError(f"--baseline {baseline!r} is not a group of these runs; groups: "
                        f"{', '.join(g.label for g in groups)}")
+    paired = paired_summary(groups, baseline) if baseline is not None and len(groups) > 1 else []
+    refused = [] if allow_mixed_commits else [row for row in paired if row.cross_commit]
+    kept = paired if allow_mixed_commits else [row for row in paired if not row.cross_commit]
     return Report(runs=results, groups=groups, benchmark=results[0].config.get("benchmark", {}),
                   credit_quality=quality, credit_quality_columns=quality_columns,
                   attribute_costs=attribute_cost_summary(groups), skipped=skipped, baseline=baseline,
-                  paired=paired_summary(groups, baseline) if baseline is not None and len(groups) > 1 else [])
+                  paired=kept, refused=refused,
+                  allow_mixed_commits=allow_mixed_commits)

@@ -60,6 +60,8 @@ class RunResult:
     attribute_seconds: dict[str, float] = field(default_factory=dict)  # attribute folder -> seconds
     sample_seconds: float | None = None
     label: str = ""
+    commit: str | None = None  # the git sha its manifest records (None: not recorded, so unknown)
+    dirty: bool | None = None  # whether that checkout had uncommitted changes (None: unknown)
 
 
 # --------------------------------------------------------------------------- loading
@@ -136,6 +138,8 @@ def load_run(path: str | Path) -> RunResult:
         seed=int(config.get("seed", 0)), config=config, summary=summary, curve=curve, by_length=by_length,
         tokens_at=tokens_at, advantage_std=_mean_or_none([row.get("advantage_std") for row in metrics]),
     )
+    git = (run_files.read_manifest(train) or {}).get("git") or {}
+    result.commit, result.dirty = git.get("sha"), git.get("dirty")
     result.credit_quality = _credit_quality_tables(run_dir)
     result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
     return result

@@ -15,7 +15,8 @@ import io
 import math
 from typing import Any, Sequence
 
-from rredcot_cli.report.compare import CONFIDENCE, GroupSummary, Report, Stat
+from rredcot_cli.report.compare import (CONFIDENCE, GroupSummary, PairedRow, Report, Stat, cross_commit_text,
+                                        short_commit)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -74,7 +75,7 @@ def render_markdown(report: Report) -> str:
         "Wall seconds and generated tokens cover the whole `rredcot train` run (held-out evals included "
         "in the seconds, training rollouts only in the tokens).",
     ]
-    if report.paired:
+    if report.paired or report.refused:
         parts += [f"## Paired against {report.baseline}", _paired_markdown(report)]
     parts += [
         "## Held-out accuracy vs policy updates",
@@ -100,10 +101,10 @@ def render_markdown(report: Report) -> str:
     parts += ["## Credit quality", _credit_quality_markdown(report)]
     parts += ["## Cost", _cost_markdown(report)]
     parts += ["## Runs", _md_table(
-        ["run dir", "group", "seed", "steps", "pass@1 before", "pass@1 after", "wall s", "generated tokens"],
+        ["run dir", "group", "seed", "steps", "pass@1 before", "pass@1 after", "wall s", "generated tokens", "commit"],
         [[str(r.path), r.label, r.seed, r.summary.get("steps", ""), f"{r.summary['eval_before']['pass@1']:.3f}",
           f"{r.summary['eval_after']['pass@1']:.3f}", f"{float(r.summary.get('seconds', math.nan)):.0f}",
-          r.summary.get("generated_tokens", "")]
+          r.summary.get("generated_tokens", ""), short_commit(r.commit) + (" (dirty)" if r.dirty else "")]
          for g in report.groups for r in g.runs])]
     if report.skipped:
         parts.append(f"Left out (`--skip-unfinished`; their train stage did not finish): "
@@ -125,7 +126,7 @@ def _advantages_markdown(report: Report) -> str:
 
 
 def _paired_markdown(report: Report) -> str:
-    target = report.paired[0].target
+    target = (report.paired or report.refused)[0].target
     rows = []
     for row in report.paired:
         is_base = row.label == report.baseline
@@ -133,7 +134,8 @@ def _paired_markdown(report: Report) -> str:
                                     if not math.isnan(row.difference.low) else
                                     (f"{row.difference.mean:+.3f}" if row.difference.n else "no common seed"))
         resolves = "—" if is_base or math.isnan(row.difference.low) else f"± {row.difference.half_width():.3f}"
-        rows.append([row.label, ", ".join(map(str, row.seeds)), diff, resolves, f"{row.reached}/{row.runs}",
+        label = f"{row.label} ⚠ MIXED COMMITS" if row.cross_commit else row.label
+        rows.append([label, ", ".join(map(str, row.seeds)), diff, resolves, f"{row.reached}/{row.runs}",
                      row.steps_to_target.text(1) if row.steps_to_target else "—",
                      row.tokens_to_target.text(0) if row.tokens_to_target else "—"])
     return "\n\n".join([
@@ -145,7 +147,21 @@ def _paired_markdown(report: Report) -> str:
         f"final pass@1 ({target:.3f}), in policy updates (steps) and generated training tokens up to that step, "
         "over the runs that reached it; its resolution is the eval interval (`train.eval_every`). "
         f"The {report.baseline} row is the baseline measured against its own mean.",
+        *[_mixed_commits_note(row, report.baseline, refused=False) for row in report.paired if row.cross_commit],
+        *[_mixed_commits_note(row, report.baseline, refused=True) for row in report.refused],
     ])
+
+
+def mixed_commits_line(row: PairedRow, baseline: str, refused: bool) -> str:
+    """One line on a paired comparison whose arms ran on different or unknown commits."""
+    what = (f"left out of the paired section; rerun both arms at one commit, or pass --allow-mixed-commits "
+            f"to show it flagged" if refused else "shown flagged (--allow-mixed-commits)")
+    return (f"{row.label} vs {baseline}: pairs ran on different or unknown commits ({cross_commit_text(row)}), "
+            f"so they are not common-random-number pairs; {what}")
+
+
+def _mixed_commits_note(row: PairedRow, baseline: str, refused: bool) -> str:
+    return f"**⚠ {'Refused' if refused else 'Mixed commits'}:** {mixed_commits_line(row, baseline, refused)}."
 
 
 def _credit_quality_markdown(report: Report) -> str:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -181,10 +182,12 @@ class Trainer:
         return saved
 
     def _load_data(self) -> None:
+        """The training problems (all the split when ``train.data_order_seed`` shuffles it, else as
+        many as the run can draw) and the held-out ones."""
         settings, t = self.settings, self.t
         draws_per_step = t.max_sampling_rounds if t.dynamic_sampling else 1
-        self.train_problems = self.benchmark.load(settings.train_split,
-                                                  limit=t.steps * t.prompts_per_step * draws_per_step)
+        limit = None if t.data_order_seed is not None else t.steps * t.prompts_per_step * draws_per_step
+        self.train_problems = self.benchmark.load(settings.train_split, limit=limit)
         self.eval_problems = self.benchmark.load(settings.eval_split, limit=t.eval_problems)
         if not self.train_problems:
             raise TrainingError(f"benchmark {self.benchmark.name}: split {settings.train_split!r} has no "
@@ -300,7 +303,7 @@ class Trainer:
         t = self.t
         samples, drawn, self.state.cursor, rounds = training_samples(
             functools.partial(self._draw, step), self.train_problems, self.state.cursor, t.prompts_per_step,
-            dynamic=t.dynamic_sampling, max_rounds=t.max_sampling_rounds)
+            dynamic=t.dynamic_sampling, max_rounds=t.max_sampling_rounds, order_seed=t.data_order_seed)
         return samples, drawn, rounds
 
     def _draw(self, step: int, problems: list, round_index: int) -> list[dict]:
@@ -517,7 +520,8 @@ def gather_credit(parallel: distributed.DataParallel, samples: list[dict], segme
 
 
 def training_samples(draw: Callable[[list, int], list[dict]], problems: list, cursor: int, per_step: int, *,
-                     dynamic: bool, max_rounds: int) -> tuple[list[dict], list[dict], int, int]:
+                     dynamic: bool, max_rounds: int, order_seed: int | None = None
+                     ) -> tuple[list[dict], list[dict], int, int]:
     """The samples one step trains on, every sample it drew, the new data cursor and the draws.
 
     ``draw(problems, round_index)`` samples and verifies a group per problem. Without ``dynamic``
@@ -526,15 +530,16 @@ def training_samples(draw: Callable[[list, int], list[dict]], problems: list, cu
     the next ``per_step`` problems drawn until ``per_step`` mixed groups are kept or ``max_rounds``
     draws were made; mixed groups beyond ``per_step`` are dropped too (as verl does), and a problem
     already kept this step (a split smaller than a step's draws wraps around) is not kept again.
+    ``order_seed`` (``train.data_order_seed``) shuffles each pass over ``problems`` (``_cycle``).
     """
     if not dynamic:
-        batch = draw(_cycle(problems, cursor, per_step), 0)
+        batch = draw(_cycle(problems, cursor, per_step, order_seed), 0)
         return batch, batch, cursor + per_step, 1
     drawn: list[dict] = []
     kept: dict[str, list[dict]] = {}
     rounds = 0
     while rounds < max_rounds and len(kept) < per_step:
-        batch = draw(_cycle(problems, cursor, per_step), rounds)
+        batch = draw(_cycle(problems, cursor, per_step, order_seed), rounds)
         cursor += per_step
         rounds += 1
         drawn += batch
@@ -547,11 +552,25 @@ def training_samples(draw: Callable[[list, int], list[dict]], problems: list, cu
     return [row for group in kept.values() for row in group], drawn, cursor, rounds
 
 
-def _cycle(items: list, start: int, count: int) -> list:
-    """``count`` items from ``start``, wrapping around a split smaller than the run needs."""
+def _cycle(items: list, start: int, count: int, order_seed: int | None = None) -> list:
+    """``count`` items from position ``start`` of the stream, wrapping around a split smaller than
+    the run needs. Without ``order_seed`` the stream is ``items`` over and over; with it, each pass
+    over ``items`` is a permutation drawn from ``(order_seed, pass)``, so the stream is a function
+    of the position alone and a resumed run (its cursor restored) draws what an uninterrupted one does."""
     if not items:
         raise TrainingError("the training split is empty")
-    return [items[(start + i) % len(items)] for i in range(count)]
+    if order_seed is None:
+        return [items[(start + i) % len(items)] for i in range(count)]
+    size = len(items)
+    orders = {index: _pass_order(size, order_seed, index) for index in range(start // size, (start + count) // size + 1)}
+    return [items[orders[p // size][p % size]] for p in range(start, start + count)]
+
+
+def _pass_order(size: int, order_seed: int, pass_index: int) -> list[int]:
+    """The order of the ``pass_index``-th pass over a split of ``size`` problems under ``order_seed``."""
+    order = list(range(size))
+    random.Random(derive_seed(order_seed, "data-order", pass_index)).shuffle(order)
+    return order
 
 
 # --------------------------------------------------------------------------- metrics and output

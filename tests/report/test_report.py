@@ -52,9 +52,14 @@ def real_runs(tmp_path_factory):
 # --------------------------------------------------------------------------- runs written directly
 
 
-def write_run(run, method, seed, curve, eval_rows, summary_extra=None, config_extra=None, status="complete"):
+COMMIT = "5be240e969eb812828f38f023c50b006ebe2d36d"  # one commit for every run written directly, unless told
+
+
+def write_run(run, method, seed, curve, eval_rows, summary_extra=None, config_extra=None, status="complete",
+              commit=COMMIT):
     """A finished train stage: curve maps step -> held-out pass@1 (0 = before training);
-    eval_rows are (steps, correct) pairs of the final eval, one sample each, two samples per problem."""
+    eval_rows are (steps, correct) pairs of the final eval, one sample each, two samples per problem;
+    ``commit``: the git sha its manifest records (None: not recorded)."""
     train = Path(run) / "train"
     train.mkdir(parents=True)
     steps = max(curve)
@@ -65,7 +70,8 @@ def write_run(run, method, seed, curve, eval_rows, summary_extra=None, config_ex
         group, key = dotted.split(".")
         config[group][key] = value
     (train / "config.yaml").write_text(yaml.safe_dump(config))
-    (train / "manifest.json").write_text(json.dumps({"stage": "train", "status": status}))
+    (train / "manifest.json").write_text(json.dumps({"stage": "train", "status": status,
+                                                     "git": {"sha": commit, "dirty": False if commit else None}}))
     artifacts.write_artifact("train_metrics", [
         {"step": s, "reward_mean": 0.5, "accuracy": 0.5, "loss": 0.0, "kl": 0.0, "entropy": 1.0, "clip_fraction": 0.0,
          "grad_norm": 1.0, "lr": 1e-5, "response_tokens_mean": 10.0, "tokens": 10 * s, "seconds": 1.0,
@@ -215,6 +221,65 @@ def test_paired_differences_and_sample_efficiency_against_grpo(tmp_path):
     bad = invoke("report", *runs, "--out", out, "--baseline", "ppo")
     assert bad.exit_code != 0 and "groups: grpo, rloo, rredcot" in bad.output
     assert "## Advantages" not in md  # these runs predate the column
+
+
+def _mixed_commit_runs(tmp_path):
+    """grpo at 5be240e (seeds 0, 1); rredcot seed 0 at b0dd4db, seed 1 at 5be240e; rloo seed 0 with no
+    recorded commit (as in the toy R1 pairs of issue 39)."""
+    return [write_run(tmp_path / "g0", "grpo", 0, {0: 0.4, 2: 0.6}, EVAL_ROWS),
+            write_run(tmp_path / "g1", "grpo", 1, {0: 0.4, 2: 0.6}, EVAL_ROWS),
+            write_run(tmp_path / "r0", "rredcot", 0, {0: 0.4, 2: 0.8}, EVAL_ROWS,
+                      commit="b0dd4db07d8d986e50a670d34fbac962413cb88d"),
+            write_run(tmp_path / "r1", "rredcot", 1, {0: 0.4, 2: 0.7}, EVAL_ROWS),
+            write_run(tmp_path / "l0", "rloo", 0, {0: 0.4, 2: 0.5}, EVAL_ROWS, commit=None)]
+
+
+def test_pairs_across_commits_are_refused_with_a_warning(tmp_path):
+    runs = _mixed_commit_runs(tmp_path)
+    report = build_report(runs)
+    assert [row.label for row in report.paired] == ["grpo"]  # the baseline against itself only
+    refused = {row.label: row.cross_commit for row in report.refused}
+    assert refused == {"rredcot": [(0, "b0dd4db07d8d986e50a670d34fbac962413cb88d", COMMIT)],
+                       "rloo": [(0, None, COMMIT)]}
+    out = tmp_path / "out"
+    result = invoke("report", *runs, "--out", out)
+    assert result.exit_code == 0, result.output
+    warning = ("warning: rredcot vs grpo: pairs ran on different or unknown commits (seed 0: b0dd4db vs 5be240e), "
+               "so they are not common-random-number pairs; left out of the paired section; rerun both arms at "
+               "one commit, or pass --allow-mixed-commits to show it flagged")
+    assert warning in result.output.splitlines()
+    assert ("warning: rloo vs grpo: pairs ran on different or unknown commits (seed 0: unknown vs 5be240e)"
+            in result.output)
+    md = (out / "report.md").read_text()
+    paired = md.split("## Paired against grpo")[1].split("\n## ")[0]
+    assert "| grpo | 0, 1 |" in paired and "| rredcot |" not in paired and "| rloo |" not in paired
+    assert "**⚠ Refused:** rredcot vs grpo: pairs ran on different or unknown commits (seed 0: b0dd4db vs 5be240e)" in md
+    assert "| rredcot | 0 | 2 | 0.400 | 0.800 | 10 | 100 | b0dd4db |" in md  # the runs table names each run's commit
+    assert "| rloo | 0 | 2 | 0.400 | 0.500 | 10 | 100 | unknown |" in md
+
+
+def test_allow_mixed_commits_keeps_the_pairs_flagged(tmp_path):
+    runs = _mixed_commit_runs(tmp_path)
+    report = build_report(runs, allow_mixed_commits=True)
+    assert {row.label for row in report.paired} == {"grpo", "rredcot", "rloo"} and not report.refused
+    out = tmp_path / "out"
+    result = invoke("report", *runs, "--out", out, "--allow-mixed-commits")
+    assert result.exit_code == 0, result.output
+    assert ("warning: rredcot vs grpo: pairs ran on different or unknown commits (seed 0: b0dd4db vs 5be240e), so "
+            "they are not common-random-number pairs; shown flagged (--allow-mixed-commits)") in result.output
+    md = (out / "report.md").read_text()
+    assert "| rredcot ⚠ MIXED COMMITS | 0, 1 | +0.150" in md
+    assert "| rloo ⚠ MIXED COMMITS | 0 | -0.100" in md
+    assert "**⚠ Mixed commits:** rredcot vs grpo" in md
+
+
+def test_pairs_on_one_commit_are_not_flagged(tmp_path):
+    runs = [write_run(tmp_path / f"{m}{s}", m, s, {0: 0.4, 2: 0.6}, EVAL_ROWS) for m in ("grpo", "rredcot")
+            for s in (0, 1)]
+    result = invoke("report", *runs, "--out", tmp_path / "out")
+    assert result.exit_code == 0 and "warning" not in result.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| rredcot | 0, 1 | +0.000" in md and "⚠" not in md
 
 
 def test_advantage_spread_section(tmp_path):
