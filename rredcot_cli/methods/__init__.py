@@ -10,10 +10,14 @@ docs/extending.md for the contract.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Any, Callable
 
+from rredcot_cli.docstrings import doc_summary
+from rredcot_cli.methods import _options
+from rredcot_cli.methods._options import MethodOption
 from rredcot_cli.plugins import METHOD_GROUP, PluginError, entry_point_names, load_entry_point
 
 
@@ -21,7 +25,10 @@ from rredcot_cli.plugins import METHOD_GROUP, PluginError, entry_point_names, lo
 class MethodSpec:
     name: str
     fn: Callable  # fn(batch: CreditBatch, **params, **needs) -> Credit
-    params: type  # dataclass of hyper-parameters with defaults; its fields are the config keys
+    # Dataclass of hyper-parameters with defaults; its fields are the config keys, a Literal[...]
+    # type gives an option's choices (checked when the config is composed) and a comment on or
+    # right above a field its meaning (``options()``, ``rredcot list methods NAME``).
+    params: type
     needs: tuple[str, ...] = ()  # injected collaborators, e.g. ("scorer",)
     # The credit of a row depends on other groups of the batch (e.g. whitening over the batch),
     # so data-parallel training computes it on the whole batch rather than per rank's groups.
@@ -40,6 +47,29 @@ class MethodSpec:
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
+
+    def choices(self) -> dict[str, tuple[Any, ...]]:
+        """Parameter -> its allowed values, for each parameter typed ``Literal[...]`` (None among
+        them when it is ``Optional``)."""
+        return _options.choices(self.params)
+
+    def options(self) -> list[MethodOption]:
+        """Every parameter with its type or choices, default, range and meaning (its comment):
+        what ``rredcot list methods NAME`` shows and a generated reference can print."""
+        return _options.options(self.params, self.ranges)
+
+    def plain_params(self) -> type:
+        """``params`` with each ``Literal`` field typed by its values' type, for OmegaConf
+        (which rejects ``Literal``); the choices are checked from ``choices()`` instead."""
+        return _options.plain_params(self.params)
+
+    def summary(self) -> str:
+        """One line on what the method is, from its module's docstring (a built-in method's file
+        is the method), else its function's (a plugin's file may hold several)."""
+        module = inspect.getmodule(self.fn)
+        own_module = module is not None and module.__name__ == f"{__name__}.{self.name}"
+        doc = module.__doc__ if own_module else self.fn.__doc__
+        return doc_summary(doc, self.name)
 
     def scores_forced_answer(self, params: dict) -> bool:
         return self.forced_answer is not None and bool(self.forced_answer(params))
