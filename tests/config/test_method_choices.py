@@ -101,7 +101,7 @@ def isolated_registry(monkeypatch):
                                                        plugins._IMPORTED_OPTIONS.items()})
 
 
-def test_a_plugin_methods_literal_option_is_checked(tmp_path, isolated_registry):
+def test_a_plugin_methods_literal_option_is_checked_and_listed(tmp_path, isolated_registry):
     plugin = tmp_path / "choosy.py"
     plugin.write_text(PLUGIN)
     base = [f"plugins=[{plugin}]", "method=choosy_test_plugin"]
@@ -114,6 +114,13 @@ def test_a_plugin_methods_literal_option_is_checked(tmp_path, isolated_registry)
     assert result.exit_code == 2
     assert result.stderr == "error: method.mode=medium: not a valid choice; valid: fast, slow\n"
     assert not run.exists()
+    listed = runner.invoke(app, ["list", "methods", "choosy_test_plugin"])
+    assert listed.stdout.splitlines() == [
+        "method=choosy_test_plugin: A test plugin whose one option has two values.",
+        "options (set with method.KEY=VALUE; shown with their defaults):",
+        "  method.mode=fast  (one of: fast, slow)",
+        "      how hard to think",
+    ]
 
 
 def test_an_optional_literal_also_allows_null():
