@@ -33,9 +33,9 @@ def closest(word: str, valid: Sequence[str], cutoff: float = 0.6) -> str | None:
 
 def unknown_option(group: str, option: object, config_dirs: Sequence[str | Path] = ()) -> ConfigError:
     valid = group_options(config_dirs).get(group, [])
-    close = [c for c in [closest(str(option), valid)] if c]
-    hint = f"; did you mean {close[0]}?" if close else ""
-    sep = " Valid" if close else "; valid"
+    near = closest(str(option), valid)
+    hint = f"; did you mean {near}?" if near else ""
+    sep = " Valid" if near else "; valid"
     return ConfigError(
         f"unknown option '{group}={option}'{hint}{sep} {_plural(group)}: {', '.join(valid)}"
     )
@@ -94,12 +94,12 @@ def _valid_keys(parent: str) -> list[str]:
 def unknown_key(full_key: str, valid: Sequence[str], parent: str, context: str = "") -> ConfigError:
     leaf = full_key.rsplit(".", 1)[-1]
     prefix = f"{parent}." if parent else ""
-    close = [c for c in [closest(leaf, list(valid))] if c]
-    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    near = closest(leaf, list(valid))
+    hint = f"; did you mean {prefix}{near}?" if near else ""
     where = f"under {parent}" if parent else "at the top level"
     return ConfigError(
         f"unknown key '{full_key}'{context}{hint}"
-        f"{' Valid' if close else '; valid'} keys {where}: {', '.join(valid)}"
+        f"{' Valid' if near else '; valid'} keys {where}: {', '.join(valid)}"
     )
 
 
