@@ -28,8 +28,10 @@ import typer
 from typer import core
 from typer.core import TyperCommand
 
+from rredcot_cli import catalog
 from rredcot_cli.config.compose import compose
 from rredcot_cli.config.search import CONFIG_PATH_ENV, default_options, group_options
+from rredcot_cli.segmenters import SEGMENTERS
 from rredcot_cli.errors import PREEMPTED_EXIT, ConfigError, Preempted, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
@@ -205,15 +207,45 @@ def _discard_unstarted_stages() -> None:
         sys.modules["rredcot_cli.store.runs"].discard_unstarted_stages()
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or the package's own in a source
+    checkout used without installing."""
+    from importlib.metadata import PackageNotFoundError, version  # deferred: --help (slow to import)
+
+    try:
+        return version("rredcot")
+    except PackageNotFoundError:
+        from rredcot_cli import __version__  # deferred: only without an installed distribution
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rredcot {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """Segment-level credit assignment for RL of reasoning LMs, stage by stage."""
+
+
+def _choices(names: list[str]) -> str:
+    return "|".join(names)
+
+
 @app.command(cls=StageCommand, context_settings=_CONTEXT)
 def sample(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
     """Sample sampling.n completions for each of sample.num_prompts prompts and verify them -> sample/samples.parquet."""
     run_stage("sample", overrides, print_config, config_dir)
 
 
-@app.command(cls=StageCommand, context_settings=_CONTEXT)
+@app.command(cls=StageCommand, context_settings=_CONTEXT,
+             help=f"Split each completion into segments (segment={_choices(sorted(SEGMENTERS))}) -> "
+             "segment/segments.parquet.")
 def segment(overrides: Overrides = None, print_config: PrintConfig = False, config_dir: ConfigDirs = None) -> None:
-    """Split each completion into segments (segment=newline|fixed) -> segment/segments.parquet."""
     run_stage("segment", overrides, print_config, config_dir)
 
 
@@ -278,6 +310,20 @@ def report(
 
         report_stage.run(run_dirs, out, skip_unfinished=skip_unfinished, baseline=baseline,
                          allow_mixed_commits=allow_mixed_commits)
+
+
+@app.command("list", help=f"List what exists, one line each: {', '.join(catalog.KINDS)}; with a NAME, "
+             "that one in full (a method's options with their types, defaults and meaning).")
+def list_(
+    kind: Annotated[str, typer.Argument(help=_choices(list(catalog.KINDS)), show_default=False, metavar="KIND")],
+    name: Annotated[Optional[str], typer.Argument(help="One of them, shown in full.", show_default=False)] = None,
+    config_dir: ConfigDirs = None,
+) -> None:
+    use_config_dirs(config_dir)
+    with _one_line_errors():
+        kind = catalog.kind_of(kind)
+        lines = catalog.details(kind, name) if name else catalog.table(catalog.entries(kind))
+    typer.echo("\n".join(lines))
 
 
 def main() -> None:

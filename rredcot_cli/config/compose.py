@@ -10,6 +10,8 @@ read-only ``DictConfig``. Every mistake a user can make on the command line beco
 - wrong type:             train.steps=abc: expected an int
 - unknown method param:   unknown key 'method.epz' for method 'grpo'; did you mean method.eps? ...
 - out of range:           sampling.top_p=1.5: must be in (0, 1]   (schema.RANGES, a method's ranges)
+- not a method's choice:  method.value=foo: not a valid choice; valid: suffix_is, answer_probe
+                          (a ``Literal[...]`` field of the method's params dataclass)
 
 Overrides follow Hydra: ``group=option``, ``key=value``, ``+key=value`` (add), ``experiment=NAME``
 (also accepted as ``+experiment=NAME``). ``method.<param>=value`` may set any parameter the
@@ -206,7 +208,7 @@ def _resolve_method(cfg: DictConfig, method_overrides: list[tuple[str, Any]],
             return unknown_key(f"method.{key}", valid_keys, "method", f" for method '{name}'")
         return ConfigError(f"method.{key}: {one_line(exc)}")
 
-    params = OmegaConf.structured(spec.params)
+    params = OmegaConf.structured(spec.plain_params())  # its choices are checked after resolving
     OmegaConf.set_struct(params, True)
     for key, value in node.items():
         try:
@@ -288,7 +290,8 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     YAML files too); check the method's parameters
     against its registry entry (this imports the method registry, hence torch); resolve
     interpolations (``run.dir`` defaults to ``runs/<YYYYmmdd-HHMMSS>``, from the ``now``
-    resolver); check every numeric option against its range (``check_ranges``). Raises
+    resolver); check every numeric option against its range and every method option typed
+    ``Literal[...]`` against its choices (``check_ranges``). Raises
     ``ConfigError`` with a one-line message on any mistake.
     """
     # deferred: --help

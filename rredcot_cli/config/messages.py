@@ -23,11 +23,19 @@ def _plural(group: str) -> str:
     return group if group.endswith("s") else f"{group}s"
 
 
+def closest(word: str, valid: Sequence[str], cutoff: float = 0.6) -> str | None:
+    """The valid name closest to ``word`` by spelling, case ignored (``RREDCoT`` -> ``rredcot``,
+    as the paper spells it), or None when none is close."""
+    by_lower = {v.lower(): v for v in reversed(list(valid))}  # the first of names equal but for case
+    found = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[found[0]] if found else None
+
+
 def unknown_option(group: str, option: object, config_dirs: Sequence[str | Path] = ()) -> ConfigError:
     valid = group_options(config_dirs).get(group, [])
-    close = difflib.get_close_matches(str(option), valid, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    sep = " Valid" if close else "; valid"
+    near = closest(str(option), valid)
+    hint = f"; did you mean {near}?" if near else ""
+    sep = " Valid" if near else "; valid"
     return ConfigError(
         f"unknown option '{group}={option}'{hint}{sep} {_plural(group)}: {', '.join(valid)}"
     )
@@ -56,6 +64,8 @@ def schema_type(dotted: str, root: Any = None) -> Any:
 def describe_type(tp: Any) -> str:
     """'an int', 'a float', 'a list of floats', 'a string or null', ..."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, args))
     if origin is typing.Union:
         rest = [a for a in args if a is not type(None)]
         text = " or ".join(describe_type(a) for a in rest)
@@ -84,12 +94,12 @@ def _valid_keys(parent: str) -> list[str]:
 def unknown_key(full_key: str, valid: Sequence[str], parent: str, context: str = "") -> ConfigError:
     leaf = full_key.rsplit(".", 1)[-1]
     prefix = f"{parent}." if parent else ""
-    close = difflib.get_close_matches(leaf, list(valid), n=1, cutoff=0.6)
-    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    near = closest(leaf, list(valid))
+    hint = f"; did you mean {prefix}{near}?" if near else ""
     where = f"under {parent}" if parent else "at the top level"
     return ConfigError(
         f"unknown key '{full_key}'{context}{hint}"
-        f"{' Valid' if close else '; valid'} keys {where}: {', '.join(valid)}"
+        f"{' Valid' if near else '; valid'} keys {where}: {', '.join(valid)}"
     )
 
 

@@ -1,6 +1,7 @@
 """Numeric ranges of the config: the specs of ``schema.RANGES`` and of each method's registry
 entry (``">= 1"``, ``"[0, 1)"``, bounds may name other options), parsed, and checked against a
-composed config with one ``ConfigError`` line per value outside its range.
+composed config with one ``ConfigError`` line per value outside its range; and the choices of
+each method's options (the ``Literal[...]`` fields of its params dataclass), checked the same way.
 
 ``config.compose`` imports this module, and the CLI imports that for ``rredcot --help``: OmegaConf,
 the schema and the method registry are imported inside the functions that use them (marked "deferred").
@@ -13,6 +14,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from rredcot_cli.config.messages import closest
 from rredcot_cli.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,8 +102,9 @@ def range_error(key: str, value: Any, spec: str, lookup: Any) -> str | None:
 
 
 def check_ranges(cfg: DictConfig) -> None:
-    """Refuse a numeric option outside its range (``schema.RANGES``, ``schema.DIVISIBLE_BY``) and
-    a method parameter outside the range its registry entry declares: one ``ConfigError`` line."""
+    """Refuse a numeric option outside its range (``schema.RANGES``, ``schema.DIVISIBLE_BY``), and
+    a method parameter outside its choices or the range its registry entry declares
+    (``check_method_params``): one ``ConfigError`` line."""
     # deferred: --help
     from omegaconf import OmegaConf
 
@@ -122,20 +125,36 @@ def check_ranges(cfg: DictConfig) -> None:
         if _is_number(value) and _is_number(divisor) and divisor and value % divisor:
             raise ConfigError(f"{key}={value}: must be a multiple of {divisor_key}={divisor}")
     if cfg.method is not None and cfg.method.get("name"):
-        check_method_ranges(cfg.method.name, OmegaConf.to_container(cfg.method, resolve=True), "method.")
+        check_method_params(cfg.method.name, OmegaConf.to_container(cfg.method, resolve=True), "method.")
 
 
-def check_method_ranges(name: str, params: dict, prefix: str) -> None:
-    """Refuse a parameter of method ``name`` outside its declared range; ``prefix`` is how the
-    message names it (``method.`` or ``judge.params.<name>.``)."""
+def choice_error(key: str, value: Any, allowed: tuple[Any, ...]) -> str | None:
+    """The one-line complaint about ``key=value`` when ``value`` is not one of ``allowed`` (None
+    among them allows null), with the closest choice by spelling; None when it is allowed."""
+    if value in allowed:
+        return None
+    valid = ", ".join("null" if a is None else str(a) for a in allowed)
+    near = closest(str(value), [str(a) for a in allowed if a is not None])
+    hint = f"; did you mean {near}? Valid: " if near else "; valid: "
+    return f"{key}={_show(value)}: not a valid choice{hint}{valid}"
+
+
+def check_method_params(name: str, params: dict, prefix: str) -> None:
+    """Refuse a parameter of method ``name`` that is not one of its choices (a ``Literal`` field
+    of its params dataclass) or outside its declared range; ``prefix`` is how the message names
+    it (``method.`` or ``judge.params.<name>.``). A plugin's method is checked the same way."""
     from rredcot_cli.methods import get_method  # deferred: --help
 
     try:
-        ranges = get_method(name).ranges
+        spec = get_method(name)
     except KeyError:
         return
-    for key, spec in ranges.items():
-        body, sep, note = spec.partition(";")
+    for key, allowed in spec.choices().items():
+        problem = choice_error(f"{prefix}{key}", params.get(key), allowed)
+        if problem:
+            raise ConfigError(problem)
+    for key, range_spec in spec.ranges.items():
+        body, sep, note = range_spec.partition(";")
         for other in params:  # a bound naming another parameter, shown as the user writes it
             body = re.sub(rf"(?<![\w.]){re.escape(other)}\b", f"{prefix}{other}", body)
         problem = range_error(f"{prefix}{key}", params.get(key), body + sep + note,

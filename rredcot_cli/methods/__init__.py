@@ -10,10 +10,14 @@ docs/extending.md for the contract.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
-from dataclasses import dataclass, field, fields
-from typing import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
 
+from rredcot_cli.docstrings import doc_summary
+from rredcot_cli.methods import _options
+from rredcot_cli.methods._options import MethodOption
 from rredcot_cli.plugins import METHOD_GROUP, PluginError, entry_point_names, load_entry_point
 
 
@@ -21,7 +25,10 @@ from rredcot_cli.plugins import METHOD_GROUP, PluginError, entry_point_names, lo
 class MethodSpec:
     name: str
     fn: Callable  # fn(batch: CreditBatch, **params, **needs) -> Credit
-    params: type  # dataclass of hyper-parameters with defaults; its fields are the config keys
+    # Dataclass of hyper-parameters with defaults; its fields are the config keys, a Literal[...]
+    # type gives an option's choices (checked when the config is composed) and a comment on or
+    # right above a field its meaning (``options()``, ``rredcot list methods NAME``).
+    params: type
     needs: tuple[str, ...] = ()  # injected collaborators, e.g. ("scorer",)
     # The credit of a row depends on other groups of the batch (e.g. whitening over the batch),
     # so data-parallel training computes it on the whole batch rather than per rank's groups.
@@ -37,9 +44,39 @@ class MethodSpec:
     # policy-gradient term: ``loss_tokens(params)`` returns ``fn(entropies (B, T), mask (B, T)) ->
     # (B, T)`` 0/1 weights, applied to every forward of the update (``train/update.py``), or None.
     loss_tokens: Callable[[dict], Callable | None] | None = None
+    # Options whose valid values are the names in another registry, which plugins can extend (so
+    # no Literal can list them): option -> a function returning those names, e.g. rredcot's
+    # ``value`` -> the value estimators. Checked and listed like a Literal's choices.
+    registry_choices: dict[str, Callable[[], list[str]]] = field(default_factory=dict)
 
     def param_names(self) -> list[str]:
         return [f.name for f in fields(self.params)]
+
+    def choices(self) -> dict[str, tuple[Any, ...]]:
+        """Parameter -> its allowed values, for each parameter typed ``Literal[...]`` (None among
+        them when it is ``Optional``)."""
+        return {**_options.choices(self.params), **{key: tuple(names()) for key, names in self.registry_choices.items()}}
+
+    def options(self) -> list[MethodOption]:
+        """Every parameter with its type or choices, default, range and meaning (its comment):
+        what ``rredcot list methods NAME`` shows and a generated reference can print."""
+        found = _options.options(self.params, self.ranges)
+        return [replace(o, choices=tuple(self.registry_choices[o.name]()),
+                        type="one of: " + ", ".join(self.registry_choices[o.name]()))
+                if o.name in self.registry_choices else o for o in found]
+
+    def plain_params(self) -> type:
+        """``params`` with each ``Literal`` field typed by its values' type, for OmegaConf
+        (which rejects ``Literal``); the choices are checked from ``choices()`` instead."""
+        return _options.plain_params(self.params)
+
+    def summary(self) -> str:
+        """One line on what the method is, from its module's docstring (a built-in method's file
+        is the method), else its function's (a plugin's file may hold several)."""
+        module = inspect.getmodule(self.fn)
+        own_module = module is not None and module.__name__ == f"{__name__}.{self.name}"
+        doc = module.__doc__ if own_module else self.fn.__doc__
+        return doc_summary(doc, self.name)
 
     def scores_forced_answer(self, params: dict) -> bool:
         return self.forced_answer is not None and bool(self.forced_answer(params))
@@ -55,18 +92,20 @@ _NOT_METHOD_MODULES = {"base"}
 
 def register(name: str, params: type, needs: tuple[str, ...] = (), batch_wide: bool = False,
              ranges: dict[str, str] | None = None, forced_answer: Callable[[dict], bool] | None = None,
-             loss_tokens: Callable[[dict], Callable | None] | None = None) -> Callable:
+             loss_tokens: Callable[[dict], Callable | None] | None = None,
+             registry_choices: dict[str, Callable[[], list[str]]] | None = None) -> Callable:
     """Register ``fn`` as credit method ``name``; ``ranges`` gives each numeric parameter of
     ``params`` its meaningful range (``{"eps": ">= 0"}``, see ``rredcot_cli.config.schema.RANGES``);
     ``forced_answer(params)`` says whether it scores a forced answer; ``loss_tokens(params)`` gives
-    the update's token selection, if any (``MethodSpec``)."""
+    the update's token selection, if any; ``registry_choices`` names options whose values are
+    another registry's names (``MethodSpec``)."""
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"credit method {name!r} is registered twice")
         _REGISTRY[name] = MethodSpec(name=name, fn=fn, params=params, needs=needs, batch_wide=batch_wide,
                                      ranges=dict(ranges or {}), forced_answer=forced_answer,
-                                     loss_tokens=loss_tokens)
+                                     loss_tokens=loss_tokens, registry_choices=dict(registry_choices or {}))
         return fn
 
     return decorator

@@ -32,21 +32,16 @@ segments. Groups with A = 0 (all right or all wrong) get 0, as in GRPO.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
 from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 from rredcot_cli.methods.grpo import grpo_advantage
 
-SCORES = ("logprob", "value")
-ANSWER_SEGMENT = ("last", "none")
-
-
-def check_options(score: str, answer_segment: str) -> None:
-    if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; valid: {', '.join(SCORES)}")
-    if answer_segment not in ANSWER_SEGMENT:
-        raise ValueError(f"unknown answer_segment {answer_segment!r}; valid: {', '.join(ANSWER_SEGMENT)}")
+# The options loo and gradient share, checked when the config is composed (their Literal fields).
+Score = Literal["logprob", "value"]  # s(c) above: the answer's log-probability, or its probability
+AnswerSegment = Literal["last", "none"]  # last: the final segment is the answer, never in the context
 
 
 def segment_spans(batch: CreditBatch) -> list[list[tuple[int, int]]]:

@@ -34,7 +34,7 @@ Shapes: contrast, mask (B, T), advantage (B,) -> weights (B, T), mean 1 over eac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Literal, get_args
 
 import torch
 
@@ -44,8 +44,7 @@ from rredcot_cli.methods._token_weights import masked_mean, masked_std, mean_one
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.grpo import grpo_advantage
 
-CONTRASTS = ("signed", "abs")
-MISSING = ("error", "skip")
+Contrast = Literal["signed", "abs"]
 DEFAULT_BLOCKS = [
     "Compute mod 10:",
     "Find the first x in",
@@ -55,13 +54,13 @@ DEFAULT_BLOCKS = [
 
 @dataclass
 class CoRTParams:
-    blocks: List[str] = field(default_factory=lambda: list(DEFAULT_BLOCKS))
-    missing_block: str = "error"  # error | skip (w = 1) when a prompt holds none of the blocks
+    blocks: List[str] = field(default_factory=lambda: list(DEFAULT_BLOCKS))  # instruction texts removed at replay
+    missing_block: Literal["error", "skip"] = "error"  # when a prompt holds none of the blocks: fail, or w = 1
     lam: float = 0.5  # weights lie in [1 - lam, 1 + lam] before renormalising; 0 <= lam < 1
-    contrast: str = "signed"  # signed | abs
+    contrast: Contrast = "signed"  # z as is, or |z| (ablation)
     flip_negative: bool = False  # use -z on completions with a negative advantage
     scale_by_std: bool = True  # host advantage: GRPO (true) or Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std (host advantage)
     batch_size: int = 16  # completions per scoring forward
 
 
@@ -77,8 +76,8 @@ def cort_weights(contrast: torch.Tensor, mask: torch.Tensor, advantage: torch.Te
                  mode: str = "signed", flip_negative: bool = False) -> torch.Tensor:
     """(B, T) log-likelihood contrasts, (B,) advantages -> (B, T) weights, mean 1 per row, 0 on
     padding."""
-    if mode not in CONTRASTS:
-        raise ValueError(f"unknown contrast {mode!r}; valid: {', '.join(CONTRASTS)}")
+    if mode not in get_args(Contrast):  # called directly, not only through a composed config
+        raise ValueError(f"unknown contrast {mode!r}; valid: {', '.join(get_args(Contrast))}")
     if not 0 <= lam < 1:
         raise ValueError(f"cort needs 0 <= lam < 1 so weights stay positive (keep the sign of A), got {lam}")
     z = (contrast - masked_mean(contrast, mask)) / (masked_std(contrast, mask) + 1e-6)
@@ -103,8 +102,6 @@ def cort(batch: CreditBatch, *, policy, blocks: list[str], missing_block: str, l
     """Host advantage reweighted by the contrast between prompts with and without the
     instruction block; ``policy`` (model, tokenizer) rescores. Defaults of the keyword arguments
     live in ``CoRTParams``."""
-    if missing_block not in MISSING:
-        raise ValueError(f"unknown missing_block {missing_block!r}; valid: {', '.join(MISSING)}")
     advantage = grpo_advantage(batch.rewards, batch.group_ids, scale_by_std, eps)
     mask = batch.token_mask
     weights = mask.to(torch.float32)

@@ -38,6 +38,7 @@ Shapes: delta_pos, delta_neg, mask (B, T) -> weights (B, T), mean 1 over each ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -47,24 +48,23 @@ from rredcot_cli.methods._token_weights import masked_mean, mean_one, padded, re
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.grpo import grpo_advantage
 
-CONDITIONS = ("assert", "answer_hint")
-SENSITIVITIES = ("mean", "max")
-DIRECTIONS = ("down", "up")
+Sensitivity = Literal["mean", "max"]
+WeightDirection = Literal["down", "up"]
 
 
 @dataclass
 class CSCRParams:
-    condition: str = "assert"  # assert | answer_hint
-    correct_note: str = "\nNote: the solution below is verified to be CORRECT.\n"
-    incorrect_note: str = "\nNote: the solution below is verified to be INCORRECT.\n"
+    condition: Literal["assert", "answer_hint"] = "assert"  # the two contexts (module docstring)
+    correct_note: str = "\nNote: the solution below is verified to be CORRECT.\n"  # assert: c+ = x + this
+    incorrect_note: str = "\nNote: the solution below is verified to be INCORRECT.\n"  # assert: c- = x + this
     hint_template: str = "\nNote: the final answer is {answer}.\n"  # answer_hint; {answer} is filled in
-    alpha: float = 1.0
-    w_min: float = 0.1
-    w_max: float = 3.0
-    sensitivity: str = "mean"  # mean | max of |D+|, |D-|
-    weight_direction: str = "down"  # down (CSCR) | up (ablation)
+    alpha: float = 1.0  # strength of the reweighting: w~ = 1 / (1 + alpha s^)
+    w_min: float = 0.1  # weights are clipped to [w_min, w_max]
+    w_max: float = 3.0  # see w_min
+    sensitivity: Sensitivity = "mean"  # mean or max of |D+|, |D-|
+    weight_direction: WeightDirection = "down"  # down-weight sensitive tokens (CSCR) or up-weight them (ablation)
     scale_by_std: bool = True  # host advantage: GRPO (true) or Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std (host advantage)
     batch_size: int = 16  # completions per scoring forward
 
 
@@ -82,10 +82,10 @@ def cscr_weights(delta_pos: torch.Tensor, delta_neg: torch.Tensor, mask: torch.T
                  w_min: float, w_max: float, sensitivity: str = "mean", weight_direction: str = "down") -> torch.Tensor:
     """(B, T) log-prob shifts under the two conditions -> (B, T) weights, mean 1 per row, 0 on
     padding (steps 4-6 of the spec in the module docstring)."""
-    if sensitivity not in SENSITIVITIES:
-        raise ValueError(f"unknown sensitivity {sensitivity!r}; valid: {', '.join(SENSITIVITIES)}")
-    if weight_direction not in DIRECTIONS:
-        raise ValueError(f"unknown weight_direction {weight_direction!r}; valid: {', '.join(DIRECTIONS)}")
+    if sensitivity not in get_args(Sensitivity):  # called directly, not only through a composed config
+        raise ValueError(f"unknown sensitivity {sensitivity!r}; valid: {', '.join(get_args(Sensitivity))}")
+    if weight_direction not in get_args(WeightDirection):
+        raise ValueError(f"unknown weight_direction {weight_direction!r}; valid: {', '.join(get_args(WeightDirection))}")
     if not 0 < w_min <= 1 <= w_max:
         raise ValueError(f"cscr needs 0 < w_min <= 1 <= w_max, got {w_min} and {w_max}")
     a, b = delta_pos.abs(), delta_neg.abs()
@@ -113,8 +113,6 @@ def cscr(batch: CreditBatch, *, policy, condition: str, correct_note: str, incor
          eps: float, batch_size: int) -> Credit:
     """Host advantage reweighted by counterfactual sensitivity; ``policy`` (model, tokenizer)
     rescores the completions. Defaults of the keyword arguments live in ``CSCRParams``."""
-    if condition not in CONDITIONS:
-        raise ValueError(f"unknown condition {condition!r}; valid: {', '.join(CONDITIONS)}")
     advantage = grpo_advantage(batch.rewards, batch.group_ids, scale_by_std, eps)
     mask = batch.token_mask
     weights = mask.to(torch.float32)

@@ -59,7 +59,7 @@ class DAPOParams:
     cache_length: int = 64  # L_cache: length of the soft-penalty zone before L_max
     overlong_filter: bool = False  # zero the advantage of completions of length >= L_max
     zero_uniform_groups: bool = True  # uniform groups get advantage 0 (see the module docstring)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).

@@ -55,7 +55,7 @@ generation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 
@@ -66,31 +66,29 @@ from rredcot_cli.methods.rredcot import answer_candidates, segment_ends
 from rredcot_cli.values.answer_probe import Candidate, answer_probe_log_values, probe_tokens
 from rredcot_cli.values.packing import cached_probe_logprobs, packed_probe_logprobs
 
-SHAPINGS = ("positive", "raw", "clip", "tanh")
-TARGETS = ("gold", "verified")
-FINAL_SEGMENT = ("outcome", "probe")
-MISSING_SEGMENTS = ("zero", "skip")
-AGGREGATIONS = ("sum", "mean")
-PROBE_SCORERS = ("packed", "kv_cache")
+Shaping = Literal["positive", "raw", "clip", "tanh"]
+FinalSegment = Literal["outcome", "probe"]
+MissingSegments = Literal["zero", "skip"]
+ProbeScoring = Literal["packed", "kv_cache"]  # values/packing.py
 
 
 @dataclass
 class DeltaBeliefParams:
     lam: float = 0.1  # weight of the belief term (the launchers' weight_elicit)
-    shaping: str = "positive"  # positive (max(Δ, 0)) | raw | clip | tanh
-    clip_min: float = -2.0  # shaping=clip
-    clip_max: float = 2.0
+    shaping: Shaping = "positive"  # of the belief change Δ: max(Δ, 0), Δ, clip(Δ), tanh(tau Δ)
+    clip_min: float = -2.0  # shaping=clip: lower bound of Δ
+    clip_max: float = 2.0  # shaping=clip: upper bound of Δ
     tau: float = 1.0  # shaping=tanh: tanh(tau * Δ)
-    agg: str = "sum"  # sum | mean of the answer tokens' log-probs
-    targets: str = "gold"  # gold | verified (gold + the group's verified answers)
-    final_segment: str = "outcome"  # outcome (Δ_K = 0) | probe (probe after the whole completion)
-    missing_segments: str = "zero"  # zero (the code: absent turns count as 0) | skip
+    agg: Literal["sum", "mean"] = "sum"  # of the answer tokens' log-probs
+    targets: Literal["gold", "verified"] = "gold"  # the gold answer, or gold + the group's verified answers
+    final_segment: FinalSegment = "outcome"  # outcome (Δ_K = 0) or probe (probe after the whole completion)
+    missing_segments: MissingSegments = "zero"  # zero (the code: absent turns count as 0) or skip
     segment_penalty: float = 0.0  # added to the outcome once per segment (the code's traj_len)
     scale_by_std: bool = True  # turn-wise GRPO (true) | Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the std of each turn-wise pool
     # Forced-answer template with {answer} (and {eos}); null = the benchmark's ANSWER_PROBE.
     probe_template: Optional[str] = None
-    probe_scoring: str = "packed"  # packed | kv_cache (values/packing.py)
+    probe_scoring: ProbeScoring = "packed"  # how probes reuse their prefix (values/packing.py)
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).
@@ -107,8 +105,8 @@ DELTA_BELIEF_RANGES = {
 def belief_changes(log_beliefs: torch.Tensor, num_segments: torch.Tensor, final_segment: str) -> torch.Tensor:
     """(B, S+1) log b_0..log b_K -> (B, S) Δ_k = log b_k - log b_{k-1}, NaN past K_i; with
     ``final_segment="outcome"`` the final segment's Δ is 0 (its log b need not exist)."""
-    if final_segment not in FINAL_SEGMENT:
-        raise ValueError(f"unknown final_segment {final_segment!r}; valid: {', '.join(FINAL_SEGMENT)}")
+    if final_segment not in get_args(FinalSegment):  # called directly, not only through a composed config
+        raise ValueError(f"unknown final_segment {final_segment!r}; valid: {', '.join(get_args(FinalSegment))}")
     log_beliefs = log_beliefs.to(torch.float64)
     delta = log_beliefs[:, 1:] - log_beliefs[:, :-1]
     S = delta.shape[1]
@@ -129,7 +127,7 @@ def shape_changes(delta: torch.Tensor, shaping: str, *, clip_min: float = -2.0, 
         return torch.where(torch.isnan(delta), delta, delta.clamp(clip_min, clip_max))
     if shaping == "tanh":
         return torch.tanh(tau * delta)
-    raise ValueError(f"unknown shaping {shaping!r}; valid: {', '.join(SHAPINGS)}")
+    raise ValueError(f"unknown shaping {shaping!r}; valid: {', '.join(get_args(Shaping))}")
 
 
 def turnwise_grpo(r: torch.Tensor, group_ids: torch.Tensor, num_segments: torch.Tensor, *, missing_segments: str,
@@ -138,8 +136,8 @@ def turnwise_grpo(r: torch.Tensor, group_ids: torch.Tensor, num_segments: torch.
     segment index k: (r - mean_k) / (std_k + eps) (unbiased std), NaN past K_i. A completion
     without segment k counts as r = 0 (``missing_segments="zero"``) or is left out (``"skip"``);
     a group with a single entry at k gets mean 0 and std 1, an all-equal pool exactly 0."""
-    if missing_segments not in MISSING_SEGMENTS:
-        raise ValueError(f"unknown missing_segments {missing_segments!r}; valid: {', '.join(MISSING_SEGMENTS)}")
+    if missing_segments not in get_args(MissingSegments):  # called directly, not only through a composed config
+        raise ValueError(f"unknown missing_segments {missing_segments!r}; valid: {', '.join(get_args(MissingSegments))}")
     r = r.to(torch.float64)
     exists = torch.arange(r.shape[1])[None, :] < num_segments[:, None]
     filled = torch.where(exists, r, torch.zeros_like(r))
@@ -185,15 +183,6 @@ def delta_belief_credit(log_beliefs: torch.Tensor, batch: CreditBatch, *, lam: f
                   segment_credits=advantages.to(torch.float32))
 
 
-def _check(shaping: str, agg: str, targets: str, final_segment: str, missing_segments: str, probe_scoring: str) -> None:
-    for name, value, valid in (("shaping", shaping, SHAPINGS), ("agg", agg, AGGREGATIONS), ("targets", targets, TARGETS),
-                               ("final_segment", final_segment, FINAL_SEGMENT),
-                               ("missing_segments", missing_segments, MISSING_SEGMENTS),
-                               ("probe_scoring", probe_scoring, PROBE_SCORERS)):
-        if value not in valid:
-            raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
-
-
 def log_beliefs(batch: CreditBatch, policy, *, template: str, agg: str, targets: str, final_segment: str,
                 probe_scoring: str) -> torch.Tensor:
     """(B, S+1) float64: log b_k after the prompt (k = 0) and after segments 1..K_i-1 (and K_i with
@@ -233,7 +222,6 @@ def delta_belief(batch: CreditBatch, *, policy, lam: float, shaping: str, clip_m
     probes its own belief. ``batch.extras`` must hold ``gold_answers`` (and ``pred_answers`` for
     ``targets=verified``) and, without ``probe_template``, ``answer_probe``. Defaults of the keyword
     arguments live in ``DeltaBeliefParams``."""
-    _check(shaping, agg, targets, final_segment, missing_segments, probe_scoring)
     template = probe_template or (batch.extras or {}).get("answer_probe")
     if not template:
         raise ValueError("delta_belief probes the target answer: set method.probe_template (the benchmark has none)")

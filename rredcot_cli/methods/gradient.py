@@ -41,9 +41,10 @@ import torch
 
 from rredcot_cli.methods import register
 from rredcot_cli.methods._attribution import (
+    AnswerSegment,
+    Score,
     attribution_advantages,
     candidate_weights,
-    check_options,
     eos_token_ids,
     reasoning_ends,
     resolve_template,
@@ -56,13 +57,13 @@ from rredcot_cli.methods.rredcot import answer_candidates
 @dataclass
 class GradientParams:
     ig_steps: int = 0  # 0 = gradient x input; m > 0 = integrated gradients with m midpoint steps
-    score: str = "logprob"  # logprob | value
-    answer_segment: str = "last"  # last (final segment = the answer, never in the context) | none
+    score: Score = "logprob"  # score of the forced answer: its log-probability, or its probability
+    answer_segment: AnswerSegment = "last"  # last (final segment = the answer, never in the context) or none
     probe_template: Optional[str] = None  # forced-answer template with {answer}; null = the benchmark's
     beta: float = 1.0  # weight map (INFERRED): w = clip(1 + beta z, w_min, w_max), mean one
-    w_min: float = 0.1
-    w_max: float = 3.0
-    eps: float = 1e-6
+    w_min: float = 0.1  # lower clip of the weights
+    w_max: float = 3.0  # upper clip of the weights
+    eps: float = 1e-6  # added to the group's std of the attributions
     rows_per_forward: int = 16  # sequences per forward/backward
 
 
@@ -198,7 +199,6 @@ def gradient(batch: CreditBatch, *, policy, ig_steps: int, score: str, answer_se
              rows_per_forward: int) -> Credit:
     """Gradient x input (or IG) attributions of the forced answer, summed per segment, then the
     shared weight map. ``policy`` provides ``model``, ``tokenizer``, ``device``."""
-    check_options(score, answer_segment)
     if ig_steps < 0:
         raise ValueError(f"ig_steps must be >= 0 (0 = gradient x input), got {ig_steps}")
     template = resolve_template(batch, probe_template)

@@ -31,7 +31,7 @@ from rredcot_cli.methods.base import Credit, CreditBatch, broadcast_sequence_adv
 class GRPOParams:
     # Divide by the group's reward std (GRPO); False gives Dr. GRPO's advantage.
     scale_by_std: bool = True
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).

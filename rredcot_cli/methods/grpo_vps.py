@@ -38,30 +38,30 @@ completion (packed after the trace), no generation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 
 from rredcot_cli.methods import register
 from rredcot_cli.methods._attribution import _group_standardise, attribution_advantages
 from rredcot_cli.methods.base import Credit, CreditBatch
-from rredcot_cli.methods.delta_belief import PROBE_SCORERS, log_beliefs
+from rredcot_cli.methods.delta_belief import ProbeScoring, log_beliefs
 from rredcot_cli.methods.grpo import grpo_advantage
 
-REFINEMENTS = ("reweight", "add")
+Refinement = Literal["reweight", "add"]
 
 
 @dataclass
 class GRPOVPSParams:
-    refine: str = "reweight"  # reweight (A_i x mean-one weights) | add (A_i + lam z)
+    refine: Refinement = "reweight"  # reweight (A_i x mean-one weights) or add (A_i + lam z)
     beta: float = 1.0  # reweight: w~ = clip(1 + beta z, w_min, w_max)
-    w_min: float = 0.1
-    w_max: float = 3.0
+    w_min: float = 0.1  # reweight: lower clip of the weights
+    w_max: float = 3.0  # reweight: upper clip of the weights
     lam: float = 1.0  # add: weight of the standardised progress
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's std (progress and outcome)
     # Forced-answer template with {answer} (and {eos}); null = the benchmark's ANSWER_PROBE.
     probe_template: Optional[str] = None
-    probe_scoring: str = "packed"  # packed | kv_cache (values/packing.py)
+    probe_scoring: ProbeScoring = "packed"  # how probes reuse their prefix (values/packing.py)
 
 
 GRPO_VPS_RANGES = {
@@ -86,8 +86,8 @@ def segment_progress(probs: torch.Tensor, num_segments: torch.Tensor) -> torch.T
 def vps_credit(probs: torch.Tensor, batch: CreditBatch, *, refine: str, beta: float, w_min: float, w_max: float,
                lam: float, eps: float) -> Credit:
     """Credit from the probe probabilities (B, S+1) (the module docstring's formulas)."""
-    if refine not in REFINEMENTS:
-        raise ValueError(f"unknown refine {refine!r}; valid: {', '.join(REFINEMENTS)}")
+    if refine not in get_args(Refinement):  # called directly, not only through a composed config
+        raise ValueError(f"unknown refine {refine!r}; valid: {', '.join(get_args(Refinement))}")
     S = batch.max_segments
     probs = probs[:, : S + 1]
     progress = segment_progress(probs, batch.num_segments)
@@ -116,8 +116,6 @@ def grpo_vps(batch: CreditBatch, *, policy, refine: str, beta: float, w_min: flo
     """Probe the gold answer after the prompt and every segment but the last, then refine GRPO's
     advantage with the progress. ``policy`` (model, tokenizer, device) is probed; ``batch.extras``
     must hold ``gold_answers`` and, without ``probe_template``, ``answer_probe``."""
-    if probe_scoring not in PROBE_SCORERS:
-        raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORERS)}")
     template = probe_template or (batch.extras or {}).get("answer_probe")
     if not template:
         raise ValueError("grpo_vps probes the gold answer: set method.probe_template (the benchmark has none)")

@@ -57,7 +57,7 @@ class HighEntropyParams:
     # Share of the pass's completion tokens, by entropy, that carry the policy gradient (paper: 0.2).
     top_quantile: float = 0.2
     scale_by_std: bool = True  # host advantage: GRPO (true) | Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std (host advantage)
 
 
 HIGH_ENTROPY_RANGES = {

@@ -76,7 +76,7 @@ class KTAEParams:
     zero_final_token: bool = True  # KT = 0 at each completion's last token (its EOS)
     correct_threshold: float = 0.0  # correct = reward > this (the code: > 0)
     scale_by_std: bool = True  # host advantage: GRPO (true) | Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std (host advantage)
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).

@@ -37,8 +37,9 @@ import torch
 
 from rredcot_cli.methods import register
 from rredcot_cli.methods._attribution import (
+    AnswerSegment,
+    Score,
     attribution_advantages,
-    check_options,
     combine_candidates,
     eos_token_ids,
     reasoning_ends,
@@ -52,13 +53,13 @@ from rredcot_cli.values.packing import Probe, packed_probe_logprobs
 
 @dataclass
 class LOOParams:
-    score: str = "logprob"  # logprob | value
-    answer_segment: str = "last"  # last (final segment = the answer, never in the context) | none
+    score: Score = "logprob"  # score of the forced answer: its log-probability, or its probability
+    answer_segment: AnswerSegment = "last"  # last (final segment = the answer, never in the context) or none
     probe_template: Optional[str] = None  # forced-answer template with {answer}; null = the benchmark's
     beta: float = 1.0  # weight map (INFERRED): w = clip(1 + beta z, w_min, w_max), mean one
-    w_min: float = 0.1
-    w_max: float = 3.0
-    eps: float = 1e-6
+    w_min: float = 0.1  # lower clip of the weights
+    w_max: float = 3.0  # upper clip of the weights
+    eps: float = 1e-6  # added to the group's std of the attributions
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).
@@ -126,7 +127,6 @@ def loo(batch: CreditBatch, *, policy, score: str, answer_segment: str, probe_te
 
     ``policy`` provides ``model``, ``tokenizer``, ``device``; ``batch.extras`` holds gold and
     predicted answers and the benchmark's ``answer_probe``."""
-    check_options(score, answer_segment)
     template = resolve_template(batch, probe_template)
     spans = segment_spans(batch)
     ends = reasoning_ends(batch, eos_token_ids(policy), answer_segment)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional, get_args
 
 import torch
 
@@ -50,13 +50,12 @@ from rredcot_cli.methods import register
 from rredcot_cli.methods._attribution import eos_token_ids
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.grpo import group_mean_std
-from rredcot_cli.methods.rredcot import ADVANTAGE_RULES, redistribute, segment_ends
+from rredcot_cli.methods.rredcot import AdvantageRule, redistribute, segment_ends
 from rredcot_cli.benchmarks import Problem, make_benchmark
 from rredcot_cli.benchmarks.base import grade_completion
 from rredcot_cli.values.mc import mc_values
 
-MC_ADVANTAGES = ("vineppo",) + ADVANTAGE_RULES
-MC_BASELINES = ("mc", "group_mean")
+MCBaseline = Literal["mc", "group_mean"]
 
 
 @dataclass
@@ -64,13 +63,13 @@ class MCParams:
     k: int = 8  # continuations per boundary
     max_new_tokens: int = 256  # per continuation (the preset ties it to sampling.max_new_tokens)
     temperature: float = 1.0  # the preset ties these to the sampling settings (current policy)
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling of the continuations
     seed: int = 0  # continuations of a prefix depend on (seed, prefix tokens) only
-    baseline: str = "mc"  # V(S_0): mc | group_mean
-    advantage: str = "vineppo"  # vineppo (raw V differences) | immediate | reward_to_go | mixed
+    baseline: MCBaseline = "mc"  # V(S_0): Monte Carlo from the prompt, or the group's mean reward
+    advantage: Literal["vineppo", AdvantageRule] = "vineppo"  # vineppo (raw V differences) or an RREDCoT rule
     mix_lambda: float = 1.0  # mixed: A = A_GRPO + mix_lambda * r / sigma
     clip_reward: float = 0.0  # clip r_k for the advantage only (0 = off)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to sigma (the group's std of segment rewards)
     rows_per_forward: int = 64  # sequences decoded together (prefixes per chunk = rows // k)
 
 
@@ -159,8 +158,8 @@ def mc_reference_values(batch: CreditBatch, policy, *, k: int = 16, max_new_toke
     V(S_1..S_{K-1}) from ``k`` continuations each, V(S_K) = observed reward, NaN past K_i.
 
     The reference that judges other methods' values (use k >= 16)."""
-    if baseline not in MC_BASELINES:
-        raise ValueError(f"unknown baseline {baseline!r}; valid: {', '.join(MC_BASELINES)}")
+    if baseline not in get_args(MCBaseline):  # the judge stage calls this with its own settings
+        raise ValueError(f"unknown baseline {baseline!r}; valid: {', '.join(get_args(MCBaseline))}")
 
     tokenizer = policy.tokenizer
     eos_ids = eos_token_ids(policy)
@@ -182,8 +181,6 @@ def mc(batch: CreditBatch, *, policy, k: int, max_new_tokens: int, temperature: 
 
     ``policy`` provides ``backend`` (its ``continuations``: HF or vLLM), ``model`` and ``tokenizer``.
     Defaults of the keyword arguments live in ``MCParams``."""
-    if advantage not in MC_ADVANTAGES:
-        raise ValueError(f"unknown advantage {advantage!r}; valid: {', '.join(MC_ADVANTAGES)}")
     if k < 1:
         raise ValueError(f"mc needs k >= 1 continuations, got {k}")
     stats = batch.extras.setdefault("value_stats", {}) if batch.extras is not None else None

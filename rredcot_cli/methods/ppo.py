@@ -50,7 +50,7 @@ class PPOParams:
     gamma: float = 1.0  # discount per token (RLVR: 1)
     lam: float = 1.0  # GAE lambda (verl's RLVR default 1: Monte Carlo return minus the critic's baseline)
     whiten: bool = True  # normalise advantages over the batch's completion tokens
-    eps: float = 1e-8
+    eps: float = 1e-8  # whiten: (x - mean) / sqrt(var + eps)
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).

@@ -24,7 +24,7 @@ credits written to artifacts are the unclipped r_k, so the telescoping sum holds
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 
@@ -33,37 +33,39 @@ from rredcot_cli.methods.base import Credit, CreditBatch, pool_mean_std
 from rredcot_cli.methods.grpo import group_mean_std, grpo_advantage
 from rredcot_cli.values.answer_probe import Candidate, probe_tokens
 from rredcot_cli.values.packing import value_stats
-from rredcot_cli.values.registry import ValueSettings, get_value_estimator
+from rredcot_cli.values.registry import ValueSettings, get_value_estimator, value_estimator_names
 
-ADVANTAGE_RULES = ("immediate", "reward_to_go", "mixed")
+AdvantageRule = Literal["immediate", "reward_to_go", "mixed"]  # the module docstring says each
 
 
 @dataclass
 class RREDCoTParams:
-    # A registered value estimator (rredcot_cli/values/registry.py): answer_probe | answer_share |
-    # suffix_is. Its config (conf/method/rredcot.yaml) defaults to the model preset's choice.
+    # Estimator of V after each segment, a registered one (rredcot_cli/values/registry.py); its
+    # config defaults to the model preset's choice, model.value_estimator (module docstring).
     value: str = "answer_probe"
-    advantage: str = "immediate"  # immediate | reward_to_go | mixed
-    mix_lambda: float = 1.0
-    baseline: str = "group_mean"  # V(S_0): group_mean | estimator
-    clip_reward: float = 1.0
-    eps: float = 1e-6
+    advantage: AdvantageRule = "immediate"  # how segment rewards become token advantages (module docstring)
+    mix_lambda: float = 1.0  # advantage=mixed: weight of the segment term added to GRPO's
+    baseline: Literal["group_mean", "estimator"] = "group_mean"  # V(S_0): the group's mean reward, or the estimator's
+    clip_reward: float = 1.0  # segment rewards clipped to [-clip_reward, clip_reward] for the advantage; 0 = off
+    eps: float = 1e-6  # added to the group's std of segment rewards
     # answer_probe: forced-answer template with {answer} (and {eos}); null = the benchmark's.
     probe_template: Optional[str] = None
     # suffix_is options (design.md section 4)
-    is_boundaries: str = "matched"  # matched | all
-    is_self_normalised: bool = False  # ordinary IS: implausible foreign suffixes pull V towards 0 (values/suffix_is.py)
+    is_boundaries: Literal["matched", "all"] = "matched"  # suffixes cut at the same segment index k, or at every boundary
+    # Divide by the sum of the importance weights instead of their number. Off: ordinary IS, whose
+    # implausible foreign suffixes pull V towards 0 (the paper's non-positive bias; values/suffix_is.py).
+    is_self_normalised: bool = False
     # Length of the likelihood ratio, in is_window_unit; 0 = the whole suffix. One segment (one
     # step line) whatever its length: 16 tokens, the default before, localise as well on `chain`
     # but at chance on `chain_verbose`'s 70-token lines (docs/credit-quality.md).
     is_window: int = 1
-    is_window_unit: str = "segments"  # segments | tokens
+    is_window_unit: Literal["segments", "tokens"] = "segments"  # unit of is_window
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
     # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
     # values), packed (probes appended to the trace in one row with a block attention mask), or
     # auto: packed for answer_probe's few short probes, kv_cache for suffix_is's many (measured in
     # docs/rredcot-value-cost.md).
-    probe_scoring: str = "auto"
+    probe_scoring: Literal["auto", "kv_cache", "packed"] = "auto"
 
 
 # Meaningful range of each numeric parameter (checked when the config is composed).
@@ -115,8 +117,8 @@ def redistribute(
     observed reward; columns past K_i are ignored. Returns Credit with segment_values = V(S_1..S_K),
     segment_credits = r_k and token advantages per ``advantage``.
     """
-    if advantage not in ADVANTAGE_RULES:
-        raise ValueError(f"unknown advantage rule {advantage!r}; valid: {', '.join(ADVANTAGE_RULES)}")
+    if advantage not in get_args(AdvantageRule):  # mc and direct callers reach this unchecked
+        raise ValueError(f"unknown advantage rule {advantage!r}; valid: {', '.join(get_args(AdvantageRule))}")
     S = batch.max_segments
     values = values[:, : S + 1].to(torch.float32)
     r = segment_rewards(values, batch.num_segments)
@@ -150,7 +152,8 @@ def segment_ends(batch: CreditBatch) -> list[list[int]]:
 
 
 @register("rredcot", params=RREDCoTParams, ranges=RREDCOT_RANGES, needs=("policy",),
-          forced_answer=lambda params: get_value_estimator(params.get("value", "suffix_is")).forced_answer)
+          forced_answer=lambda params: get_value_estimator(params.get("value", "answer_probe")).forced_answer,
+          registry_choices={"value": value_estimator_names})
 def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambda: float, baseline: str,
             clip_reward: float, eps: float, probe_template: Optional[str], is_boundaries: str,
             is_self_normalised: bool, is_window: int, is_window_unit: str, is_clip: float,
@@ -166,10 +169,6 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
     gets zero credit; ``Credit.segment_value_covered`` and ``value_stats["value_boundaries"]`` /
     ``["value_covered"]`` say how many there were."""
     estimator = get_value_estimator(value)
-    if baseline not in ("group_mean", "estimator"):
-        raise ValueError(f"unknown baseline {baseline!r}; valid: group_mean, estimator")
-    if is_window_unit not in ("tokens", "segments"):
-        raise ValueError(f"unknown is_window_unit {is_window_unit!r}; valid: tokens, segments")
     B, S = batch.segment_ids.shape[0], batch.max_segments
     ends = segment_ends(batch)
     # Prefixes to estimate: S_0 (completion offset 0) when the baseline is the estimator, then

@@ -31,6 +31,7 @@ Shapes: student_logp, teacher_logp (B, T, V) -> k (B, T); k, mask (B, T) -> weig
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -40,24 +41,24 @@ from rredcot_cli.methods._token_weights import masked_mean, mean_one, padded, re
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.methods.grpo import grpo_advantage
 
-KL_DIRECTIONS = ("rev", "fwd")
-REF_PICKS = ("shortest", "random")
+KLDirection = Literal["rev", "fwd"]
+RefPick = Literal["shortest", "random"]
 
 
 @dataclass
 class SCGRPOParams:
-    header: str = "\nHere is a verified solution:\n"
-    footer: str = "\nNow solve the problem yourself:\n"
-    ref_pick: str = "shortest"  # shortest | random
+    header: str = "\nHere is a verified solution:\n"  # put before y_ref in the teacher's context
+    footer: str = "\nNow solve the problem yourself:\n"  # put after y_ref in the teacher's context
+    ref_pick: RefPick = "shortest"  # which verified sibling completion is y_ref
     ref_seed: int = 0  # ref_pick=random: seed of the choice
     max_ref_tokens: int = 1024  # y_ref is cut to this many tokens (0 = whole)
-    kl_dir: str = "rev"  # rev: KL(student || teacher) | fwd: KL(teacher || student)
+    kl_dir: KLDirection = "rev"  # rev: KL(student || teacher), fwd: KL(teacher || student)
     top_k: int = 0  # 0 = full vocabulary; k = the teacher's top-k tokens, renormalised
-    gamma: float = 1.0
-    w_min: float = 0.2
-    w_max: float = 5.0
+    gamma: float = 1.0  # exponent of the KL in the weights: k_t^gamma
+    w_min: float = 0.2  # lower clip of the weights
+    w_max: float = 5.0  # upper clip of the weights
     scale_by_std: bool = True  # host advantage: GRPO (true) or Dr. GRPO (false)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's reward std (host advantage)
     batch_size: int = 4  # completions per scoring forward (full logits are held per forward)
     kl_chunk: int = 1024  # positions per float32 log-softmax
 
@@ -81,8 +82,8 @@ def token_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor, kl_dir: str
     """(..., V) log-distributions -> (...) KL per position. ``rev``: KL(student || teacher),
     ``fwd``: KL(teacher || student); with ``top_k`` > 0 both are restricted to the teacher's
     top-k tokens and renormalised there."""
-    if kl_dir not in KL_DIRECTIONS:
-        raise ValueError(f"unknown kl_dir {kl_dir!r}; valid: {', '.join(KL_DIRECTIONS)}")
+    if kl_dir not in get_args(KLDirection):  # called directly, not only through a composed config
+        raise ValueError(f"unknown kl_dir {kl_dir!r}; valid: {', '.join(get_args(KLDirection))}")
     s, t = student_logp.float(), teacher_logp.float()
     if top_k > 0:
         index = t.topk(min(top_k, t.shape[-1]), dim=-1).indices
@@ -107,8 +108,8 @@ def sc_grpo_weights(kl: torch.Tensor, mask: torch.Tensor, *, w_min: float, w_max
 def pick_references(batch: CreditBatch, rows: list[int], ref_pick: str, ref_seed: int) -> dict[int, int]:
     """Row -> a verified (reward > 0.5) completion of its group other than itself; rows without
     one are left out."""
-    if ref_pick not in REF_PICKS:
-        raise ValueError(f"unknown ref_pick {ref_pick!r}; valid: {', '.join(REF_PICKS)}")
+    if ref_pick not in get_args(RefPick):  # called directly, not only through a composed config
+        raise ValueError(f"unknown ref_pick {ref_pick!r}; valid: {', '.join(get_args(RefPick))}")
     generator = torch.Generator().manual_seed(ref_seed)
     out = {}
     for i in rows:
@@ -162,8 +163,6 @@ def sc_grpo(batch: CreditBatch, *, policy, header: str, footer: str, ref_pick: s
             scale_by_std: bool, eps: float, batch_size: int, kl_chunk: int) -> Credit:
     """Host advantage reweighted by the KL a verified sibling completion induces; ``policy``
     (model, tokenizer) scores. Defaults of the keyword arguments live in ``SCGRPOParams``."""
-    if kl_dir not in KL_DIRECTIONS:
-        raise ValueError(f"unknown kl_dir {kl_dir!r}; valid: {', '.join(KL_DIRECTIONS)}")
     advantage = grpo_advantage(batch.rewards, batch.group_ids, scale_by_std, eps)
     mask = batch.token_mask
     weights = mask.to(torch.float32)

@@ -36,7 +36,7 @@ from rich.table import Table
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
 from rredcot_cli.config.compose import config_hash
-from rredcot_cli.config.ranges import check_method_ranges
+from rredcot_cli.config.ranges import check_method_params
 from rredcot_cli.config.search import config_file
 from rredcot_cli.errors import ArtifactError, ConfigError, one_line
 from rredcot_cli.console import console, progress_bar
@@ -83,7 +83,7 @@ def method_params(name: str, changes: dict[str, Any] | None, model: DictConfig |
     method does not declare, or a value of the wrong type, raises ``ConfigError`` naming
     ``judge.params.<name>.<key>``."""
     spec = get_method(name)
-    params = OmegaConf.structured(spec.params)
+    params = OmegaConf.structured(spec.plain_params())  # its choices: check_method_params
     OmegaConf.set_struct(params, True)
     yaml_file = config_file("method", name)
     defaults = method_yaml(yaml_file, model) if yaml_file is not None else {}
@@ -98,7 +98,7 @@ def method_params(name: str, changes: dict[str, Any] | None, model: DictConfig |
             except OmegaConfBaseException as e:
                 raise ConfigError(f"{prefix}{key}={value}: {one_line(str(e).splitlines()[0])}") from e
     values = OmegaConf.to_container(params, resolve=True, enum_to_str=True)
-    check_method_ranges(name, values, f"judge.params.{name}.")
+    check_method_params(name, values, f"judge.params.{name}.")
     return values
 
 
