@@ -83,7 +83,9 @@ def test_list_a_method_shows_its_options():
     assert lines[at + 1] == "      how segment rewards become token advantages (module docstring)"
     assert "  method.mix_lambda=1.0  (float, >= 0)" in lines
     assert "  method.probe_template=null  (str or null)" in lines
-    assert "  method.is_self_normalised=true  (bool)" in lines
+    assert "  method.is_self_normalised=false  (bool)" in lines
+    # The estimators are another registry's names, plugins' included.
+    assert "  method.value=answer_probe  (one of: answer_probe, answer_share, suffix_is)" in lines
     code, out, _ = rredcot("list", "methods", "rloo")
     assert out == "method=rloo: RLOO: REINFORCE with a leave-one-out baseline.\n  (no options)\n"
 

@@ -46,7 +46,7 @@ def test_the_issue_examples_are_one_line_exit_2_and_no_folder(tmp_path):
     run = tmp_path / "demo"
     for args, line in [
         (["attribute", "method=rredcot", "method.value=foo"],
-         "error: method.value=foo: not a valid choice; valid: suffix_is, answer_probe"),
+         "error: method.value=foo: not a valid choice; valid: answer_probe, answer_share, suffix_is"),
         (["train", "method=rredcot", "method.advantage=reward2go"],
          "error: method.advantage=reward2go: not a valid choice; did you mean reward_to_go? "
          "Valid: immediate, reward_to_go, mixed"),
@@ -60,7 +60,7 @@ def test_the_issue_examples_are_one_line_exit_2_and_no_folder(tmp_path):
 def test_rredcot_and_mc_declare_their_choices():
     """Hand-checked against the module docstrings: the advantage rules, estimators and baselines."""
     assert get_method("rredcot").choices() == {
-        "value": ("suffix_is", "answer_probe"),
+        "value": ("answer_probe", "answer_share", "suffix_is"),
         "advantage": ("immediate", "reward_to_go", "mixed"),
         "baseline": ("group_mean", "estimator"),
         "is_boundaries": ("matched", "all"),
