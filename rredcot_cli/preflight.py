@@ -185,7 +185,7 @@ def hub_unreachable(endpoint: str) -> str | None:
     """Why a TCP connection to ``endpoint`` fails within HUB_PROBE_S, or None when it opens (or a
     proxy is configured: the connection goes through it, so a direct probe says nothing)."""
     url = urlparse(endpoint)
-    if url.scheme in urllib.request.getproxies():
+    if {url.scheme, "all"} & set(urllib.request.getproxies()):
         return None
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
@@ -256,8 +256,9 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
 
 
 def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
-    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows (a missing or
-    unreadable one is left to the stage, which says how to make it or what is wrong)."""
+    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows, or is missing (with
+    ``where_to_find``'s fix when it has one, else how to make it); an unreadable one is left to
+    the stage, which says what is wrong."""
     try:
         path = runs.find_input(cfg, artifact)
     except ArtifactError as missing:  # said here, where the stage is known; else as find_input says it
