@@ -256,13 +256,16 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
 
 
 def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
-    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows, or is missing (with
-    ``where_to_find``'s fix when it has one, else how to make it); an unreadable one is left to
-    the stage, which says what is wrong."""
+    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows, or is missing where
+    ``where_to_find`` knows a better fix than making it; otherwise a missing or unreadable one is
+    left to the stage, which says how to make it or what is wrong."""
     try:
         path = runs.find_input(cfg, artifact)
-    except ArtifactError as missing:  # said here, where the stage is known; else as find_input says it
-        raise ArtifactError(where_to_find(stage, cfg, artifact) or str(missing)) from None
+    except ArtifactError:
+        better = where_to_find(stage, cfg, artifact)  # a fix that needs the stage's name
+        if better:
+            raise ArtifactError(better) from None
+        return  # missing: the stage says how to make it
     try:
         rows = pq.read_metadata(path).num_rows
     except Exception:  # noqa: BLE001 - the stage's reader names what is wrong with it
