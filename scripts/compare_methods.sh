@@ -11,11 +11,14 @@
 #   SEEDS    seeds (default: 0 1 2)
 #   EXTRA    overrides added to every `rredcot train` (default: none, i.e. the default settings)
 #   RUNS     folder of the run dirs, one per method and seed: $RUNS/<method>-seed<seed> (default: runs/compare)
-#   REPORT   where `rredcot report` writes (default: results/method-comparison/report)
+#   REPORT   where `rredcot report` writes (default: runs/compare-report; the committed results/ are
+#            written only when REPORT names them, e.g. REPORT=results/method-comparison/report)
 #   RREDCOT  the command (default: rredcot if on PATH, else python -m rredcot_cli)
 #
 # A run whose train/manifest.json says "complete" is skipped (whatever EXTRA it was made with), so
-# the script can be rerun after an interruption; an unfinished run is started again. The report covers every run dir in $RUNS.
+# the script can be rerun after an interruption; an unfinished run is resumed from its last checkpoint
+# (train.resume=true; with other options than its first attempt `rredcot train` refuses it in one
+# line). The report covers every run dir in $RUNS.
 # $REPORT/compare_methods.txt records the machine, the commands and their wall times.
 set -euo pipefail
 
@@ -34,7 +37,7 @@ fi
 SEEDS=${SEEDS:-"0 1 2"}
 EXTRA=${EXTRA:-}
 RUNS=${RUNS:-runs/compare}
-REPORT=${REPORT:-results/method-comparison/report}
+REPORT=${REPORT:-runs/compare-report}
 
 finished() {  # true when $1/train/manifest.json says the stage is complete
   $PYTHON - "$1/train/manifest.json" <<'EOF'
@@ -65,8 +68,13 @@ for method in $METHODS; do
       echo "skipped (finished): $run" >>"$log"
       continue
     fi
+    resume=()
+    if [[ -f "$run/train/manifest.json" ]]; then  # an unfinished attempt: continue it, never start it over
+      resume=(train.resume=true)
+      echo "resume $run (unfinished)"
+    fi
     # shellcheck disable=SC2086  # EXTRA holds several overrides
-    cmd=($RREDCOT train "method=$method" "seed=$seed" "run.dir=$run" $EXTRA)
+    cmd=($RREDCOT train "method=$method" "seed=$seed" "run.dir=$run" "${resume[@]}" $EXTRA)
     echo "+ ${cmd[*]}"
     start=$SECONDS
     "${cmd[@]}"

@@ -22,7 +22,7 @@
 #   BACKEND   vllm (default; the CPU build samples long chains ~6x faster than HF) or hf
 #   PROBLEMS  test problems per rung (default 64); PROBLEMS_PER_LENGTH (default 32)
 #   RUNS      where the eval run dirs go (default runs/ladder); OUT the JSON summary (default
-#             results/long-chains/ladder.json)
+#             $RUNS/ladder.json; the committed one is rewritten only with OUT=results/long-chains/ladder.json)
 # A finished eval (same config) is skipped by `rredcot eval` itself, so the script can be rerun.
 set -euo pipefail
 
@@ -38,7 +38,7 @@ PROBLEMS_PER_LENGTH=${PROBLEMS_PER_LENGTH:-32}
 BACKEND=${BACKEND:-vllm}
 PROBLEMS=${PROBLEMS:-64}
 RUNS=${RUNS:-runs/ladder}
-OUT=${OUT:-results/long-chains/ladder.json}
+OUT=${OUT:-$RUNS/ladder.json}
 PER_STEP_TOKENS=${PER_STEP_TOKENS:-100}  # generation budget per step of the LONG task (plain chain: 8)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 

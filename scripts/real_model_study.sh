@@ -12,7 +12,8 @@
 # minibatch (one AdamW step per training step), 20 steps, held-out pass@1 on the 39 test questions
 # x 4 samples at steps 0, 10 and 20 (30-70 s a step on one busy core of this machine: the update is
 # ~6 x 135M x 2.3k tokens of matmuls); its weights are deleted once it finishes
-# (a 538 MB checkpoint per run), its metrics, evals and manifest are kept. A finished run is skipped.
+# (a 538 MB checkpoint per run), its metrics, evals and manifest are kept. A finished run is skipped;
+# an unfinished one is resumed (train.resume=true) rather than started over.
 set -euo pipefail
 mode=${1:?usage: real_model_study.sh pilot|study}
 RUNS=${RUNS:-runs/real-model}
@@ -28,9 +29,13 @@ JOBS=${JOBS:-1}
 train() {  # train RUN_DIR OVERRIDES...
   local dir=$1; shift
   if grep -qs '"status": "complete"' "$dir/train/manifest.json"; then echo "skip $dir (complete)"; return; fi
-  local started=$SECONDS
+  local started=$SECONDS resume=()
+  if [[ -f "$dir/train/manifest.json" ]]; then  # an unfinished attempt: continue it, never start it over
+    resume=(train.resume=true)
+    echo "resume $dir (unfinished)"
+  fi
   # shellcheck disable=SC2086  # EXTRA is a list of overrides
-  $PYTHON -m rredcot_cli train "${BUDGET[@]}" "$@" ${EXTRA:-} run.dir="$dir" run.overwrite=true
+  $PYTHON -m rredcot_cli train "${BUDGET[@]}" "$@" ${EXTRA:-} run.dir="$dir" "${resume[@]}"
   rm -rf "$dir/train/checkpoints"
   echo "$dir: $((SECONDS - started)) s (JOBS=$JOBS)" | tee -a "$RUNS/wall_times.txt"
 }

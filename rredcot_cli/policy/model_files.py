@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from importlib import metadata
@@ -34,7 +35,8 @@ import transformers
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rredcot_cli.errors import RredcotError, StorageError, full_disk_errno, human_bytes, os_error_message, storage_error
+from rredcot_cli.errors import (RredcotError, StorageError, full_disk_errno, human_bytes, one_line, os_error_message,
+                                 storage_error)
 
 PACKAGE_SCHEME = "pkg://"
 GGUF_SUFFIX = ".gguf"
@@ -147,8 +149,10 @@ def _write_converted(gguf_path: Path, out_dir: Path) -> None:
     except ImportError as error:  # transformers needs the gguf package to read the file
         raise RredcotError(f"model.path={gguf_path}: reading GGUF files needs the gguf package; install it with "
                           f"`pip install 'rredcot[gguf]'` ({error})") from None
-    except (ValueError, KeyError) as error:
-        raise RredcotError(f"model.path={gguf_path}: transformers cannot read this GGUF file: {error}") from None
+    except (ValueError, KeyError, struct.error, EOFError, IndexError) as error:  # struct.error: a file cut short
+        raise RredcotError(f"model.path={gguf_path}: transformers cannot read this GGUF file "
+                           f"({human_bytes(gguf_path.stat().st_size)}): {one_line(error).rstrip('.')}; if it is cut short or "
+                           f"corrupt, download it again, or pass another GGUF file or a HF model folder") from None
     config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items()
                                      if k not in ("quantization_config", "_name_or_path", "transformers_version")})
     config.dtype = "float32"

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.console import console, progress_bar
+from rredcot_cli.console import console, print_table, progress_bar
 from rredcot_cli.pipeline import evaluate, prompts_per_call
 from rredcot_cli.stages.common import make_benchmark, make_policy
 
@@ -29,7 +29,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     policy = make_policy(cfg)
 
     started = time.perf_counter()
-    with progress_bar(f"eval {benchmark.name}/{e.split}", total=len(problems)) as advance:
+    with progress_bar(f"eval {benchmark.name}/{e.split}", total=len(problems), unit="problems") as advance:
         rows, summary = evaluate(policy, benchmark, problems, n=e.n, ks=list(e.k),
                                  max_new_tokens=cfg.sampling.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
                                  seed=derive_seed(cfg.seed, "eval"),
@@ -53,7 +53,7 @@ def print_eval_table(summary: dict) -> None:
     for key, value in summary.items():
         if key.startswith(("pass@", "maj@")) or key in ("unscorable_fraction", "mean_tokens"):
             table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    print_table(table)
     by_steps = summary.get("accuracy_by_steps")
     if by_steps:
         lengths = Table(title="accuracy by chain length (steps)", header_style="bold")
@@ -62,4 +62,4 @@ def print_eval_table(summary: dict) -> None:
         lengths.add_column("completions", justify="right")
         for steps, bucket in by_steps.items():
             lengths.add_row(str(steps), f"{bucket['accuracy']:.3f}", str(bucket["num_samples"]))
-        console.print(lengths)
+        print_table(lengths)

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from rich.console import Console
 from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
@@ -39,7 +38,7 @@ from rredcot_cli.config.compose import config_hash
 from rredcot_cli.config.ranges import check_method_params
 from rredcot_cli.config.search import config_file
 from rredcot_cli.errors import ArtifactError, ConfigError, one_line
-from rredcot_cli.console import console, progress_bar
+from rredcot_cli.console import console, print_table, progress_bar
 from rredcot_cli.stages.common import (
     make_benchmark,
     make_collaborators,
@@ -252,7 +251,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if len(batches) > 1:
         print_batch_table(rows, len(batches), len(samples), cfg.judge.reruns)
     else:
-        print_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
+        print_method_table(rows, reference, sample_stage, len(samples), len(segments), cfg.judge.reruns)
     console.print(f"judged {len(names)} methods x {cfg.judge.reruns} reruns in {seconds:.1f}s -> [bold]{path}[/bold]")
 
 
@@ -393,12 +392,13 @@ def _num(x: float | None, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def print_table(rows: list[dict], reference: dict, sample_stage: dict, completions: int, segments: int,
-                reruns: int) -> None:
+def print_method_table(rows: list[dict], reference: dict, sample_stage: dict, completions: int, segments: int,
+                       reruns: int) -> None:
     table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
                   show_header=True, header_style="bold")
     for column in ["method", "value ρ / r", "value ρ inner", "value ρ | R", "credit ρ / r", "credit ρ | R",
-                   "adv ρ | R", "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens", "gen tokens"]:
+                   "adv ρ | R", "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens",
+                   "gen tokens"]:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
         first = "—" if row["first_error_rate"] is None else \
@@ -410,15 +410,14 @@ def print_table(rows: list[dict], reference: dict, sample_stage: dict, completio
             "—" if row["value_spearman"] is None else f"{row['value_spearman']:.3f} / {_num(row['value_pearson'])}",
             _num(row["value_spearman_inner"]), _num(row["value_spearman_within"]),
             f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}", _num(row["credit_spearman_within"]),
-            _num(row["advantage_spearman_within"]), _num(row["value_coverage"], 2), first, _num(row["advantage_std"]), f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
+            _num(row["advantage_spearman_within"]), _num(row["value_coverage"], 2), first, _num(row["advantage_std"]),
+            f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
             f"{row['forward_tokens']:,}", f"{row['generated_tokens']:,}",
         )
-    # Piped or redirected output gets 80 columns by default, too narrow for ten columns.
-    wide = console if console.is_terminal else Console(stderr=True, width=150)
-    wide.print(table)
+    print_table(table)
     sample = f"; sample stage {sample_stage['seconds']:.1f}s, {sample_stage.get('generated_tokens', 0):,} generated " \
              f"tokens" if sample_stage.get("seconds") else "; no sample-stage manifest"
-    wide.print(f"reference: MC, K={reference['k']} per boundary, {reference['seconds']:.1f}s, "
+    console.print(f"reference: MC, K={reference['k']} per boundary, {reference['seconds']:.1f}s, "
                   f"{reference.get('generated_tokens', 0):,} generated tokens{sample}. ρ Spearman, r Pearson; "
                   "'inner' leaves out each completion's last segment (its value is the reward); "
                   "'| R' ranks within completions of one reward (inner values), where control:outcome "
@@ -466,9 +465,8 @@ def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: 
             else:
                 cells.append(f"{stat[0]:.{digits}f} ± {(stat[2] - stat[1]) / 2:.{digits}f}")
         table.add_row(method, *cells)
-    wide = console if console.is_terminal else Console(stderr=True, width=210)
-    wide.print(table)
-    wide.print("'inner': without each completion's last segment (its value is the reward); '| R': ranked within "
-               "completions of one reward, where control:outcome (V = own reward) carries nothing; "
-               "control:baseline keeps V(S_0) until the reward; adv: each segment's mean token advantage (after the "
-               "advantage rule) against the reference credit; coverage: inner boundaries with evidence.")
+    print_table(table)
+    console.print("'inner': without each completion's last segment (its value is the reward); '| R': ranked within "
+                  "completions of one reward, where control:outcome (V = own reward) carries nothing; "
+                  "control:baseline keeps V(S_0) until the reward; adv: each segment's mean token advantage (after "
+                  "the advantage rule) against the reference credit; coverage: inner boundaries with evidence.")

@@ -19,6 +19,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from rredcot_cli.console import make_console, print_table
 from rredcot_cli.report.compare import build_report
 from rredcot_cli.report.markdown import mixed_commits_line, summary_rows
 from rredcot_cli.report.write import write_report
@@ -52,8 +53,8 @@ def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfi
         table.add_column(name, justify="left" if i < 2 else "right")
     for row in rows:
         table.add_row(*row)
-    console = Console()
-    console.print(table)
+    console = make_console(stderr=False)
+    print_table(table, console)
     console.print("± : 95% Student-t interval over seeds (none with one seed)")
     for path in written:
         print(path)

@@ -25,7 +25,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     policy = make_policy(cfg)
 
     started = time.perf_counter()
-    with progress_bar(f"sample {benchmark.name}/{cfg.sample.split}", total=len(problems)) as advance:
+    with progress_bar(f"sample {benchmark.name}/{cfg.sample.split}", total=len(problems), unit="problems") as advance:
         rows = _sample(cfg, policy, benchmark, problems, advance)
     seconds = time.perf_counter() - started
 

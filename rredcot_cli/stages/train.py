@@ -21,7 +21,7 @@ import json
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from rredcot_cli.console import console
+from rredcot_cli.console import console, print_table
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, runs, train_rollouts
 
@@ -240,5 +240,5 @@ def _print_summary(method, metrics, before, after, seconds, checkpoint) -> None:
     first, last = metrics.slice(0, 1).to_pylist()[0], metrics.slice(metrics.num_rows - 1).to_pylist()[0]
     table.add_row("train reward (first/last step)", f"{first['reward_mean']:.3f}", f"{last['reward_mean']:.3f}")
     table.add_row("response tokens", f"{first['response_tokens_mean']:.0f}", f"{last['response_tokens_mean']:.0f}")
-    console.print(table)
+    print_table(table)
     console.print(f"{metrics.num_rows} steps in {seconds / 60:.1f} min; checkpoint: [bold]{checkpoint}[/bold]")

@@ -258,7 +258,7 @@ class Trainer:
         t = self.t
         self._start()
         first_step = self.state.step + 1
-        with progress_bar(f"train {self.spec.name}", total=t.steps) as advance, \
+        with progress_bar(f"train {self.spec.name}", total=t.steps, unit="step") as advance, \
                 preemption.Preemption(t.preempt_signals) as preempt:
             advance(first_step - 1)
             for step in range(first_step, t.steps + 1):
@@ -610,9 +610,10 @@ def _with_phase_columns(history: list[dict]) -> list[dict]:
 
 
 def _progress_info(row: dict, step_tokens: int) -> str:
-    """The progress line's view of a finished step: reward, accuracy, KL, tokens/s (and eval)."""
+    """The progress line's view of a finished step: reward, accuracy, KL, loss, tokens/s (and eval)."""
     info = f"reward {row['reward_mean']:.2f}  acc {row['accuracy']:.2f}"
     info += f"  kl {row['kl']:.4f}" if math.isfinite(row["kl"]) else "  kl -"
+    info += f"  loss {row['loss']:.4f}" if math.isfinite(row["loss"]) else "  loss -"
     info += f"  {step_tokens / max(row['seconds'], 1e-9):,.0f} tok/s"
     if row["eval_accuracy"] is not None:
         info += f"  eval {row['eval_accuracy']:.3f}"

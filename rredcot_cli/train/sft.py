@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from rredcot_cli.console import progress_bar
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.policy.model_files import save_tokenizer
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model, count_parameters
@@ -175,12 +176,7 @@ def train_sft(
     recent: list[float] = []
     final_eval: dict = {}
     started = time.perf_counter()
-    bar = Progress(
-        TextColumn("[bold]sft[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress,
-    )
-    with bar:
-        task = bar.add_task("sft", total=steps, info="")
+    with progress_bar("sft", total=steps, unit="step") if progress else nullcontext(_no_progress) as advance:
         for step in range(steps):
             batch = examples[step * batch_size : (step + 1) * batch_size]
             input_ids, attention_mask, loss_mask = _collate(batch, tokenizer.pad_token_id)
@@ -204,7 +200,8 @@ def train_sft(
                 record.update(final_eval)
             if (step + 1) % 10 == 0 or step + 1 == steps or evaluated:
                 history.append(record)
-            bar.update(task, advance=1, info=f"loss {sum(recent) / len(recent):.4f} lr {record['lr']:.2e}")
+            info = f"loss {sum(recent) / len(recent):.4f}  lr {record['lr']:.2e}"
+            advance(1, info=info + _eval_info(final_eval) if evaluated else info)
 
     seconds = time.perf_counter() - started
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +216,16 @@ def train_sft(
         "history": history,
         **final_eval,
     }
+
+
+def _eval_info(scores: dict) -> str:
+    """An eval's numbers for the progress line, e.g. ``  eval pass@1 0.812``."""
+    numbers = [f"{key} {value:.3f}" for key, value in scores.items() if isinstance(value, (int, float))]
+    return "  eval " + "  ".join(numbers) if numbers else ""
+
+
+def _no_progress(k: int = 1, info: str | None = None) -> None:
+    """``advance`` when ``train_sft(progress=False)``: nothing shown."""
 
 
 def _initial_model(path: str | Path, tokenizer) -> torch.nn.Module:
