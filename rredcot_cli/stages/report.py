@@ -3,7 +3,8 @@
 Unlike the other stages it takes run dirs, not a config: it reads each ``<run>/train/`` (see
 ``rredcot_cli.report.load``), groups and aggregates them (``rredcot_cli.report.compare``) and writes
 ``report.md``, ``report.csv``, ``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out``
-(default ``runs/report``; ``rredcot_cli.report.write``), rewritten atomically on every call, then
+(default ``runs/report``; ``rredcot_cli.report.write``), rewritten atomically on every call under the
+folder's writer lock (``store/lock.py``: a second report into it is refused in one line), then
 prints the main table. A run dir without a finished train stage, or runs on different benchmarks,
 stop it with one line (``RunError``); with ``--skip-unfinished`` unfinished run dirs are left out
 and named instead (a sweep still running, or cells that failed).
@@ -20,6 +21,7 @@ from rich.table import Table
 from rredcot_cli.report.compare import build_report
 from rredcot_cli.report.markdown import summary_rows
 from rredcot_cli.report.write import write_report
+from rredcot_cli.store import lock
 
 DEFAULT_OUT = Path("runs/report")
 
@@ -36,6 +38,8 @@ def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfi
         Console(stderr=True, soft_wrap=True).print(
             f"skipping {len(report.skipped)} unfinished run dir(s) (train did not finish): "
             f"{', '.join(map(str, report.skipped))}", markup=False, highlight=False)
+    # one writer per folder, as every stage: two reports into one folder would mix their files
+    lock.lock_output_folder(out, beside="pass --out DIR")
     written = write_report(report, out)
     header, rows = summary_rows(report)
     table = Table(title=f"rredcot report · {report.benchmark.get('name')} · {len(report.runs)} runs",
