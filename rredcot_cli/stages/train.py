@@ -62,8 +62,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     try:
         fitted = trainer.fit()
         weight_sync = _weight_sync_record(policy.backend, parallel)
-        if parallel.is_main:  # rank 0 writes every artifact
-            _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
+        # rank 0 writes every artifact; its failure stops every rank (not left at the barrier below)
+        parallel.on_main(lambda: _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync))
     except StorageError as e:  # a full disk mid-run: say what a resume starts from
         raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
     except Preempted as e:  # a checkpoint of the last step was written (train/preemption.py)
