@@ -99,18 +99,12 @@ class Stateful:
     stepper: Any
 
 
-def save(path: Path, state: TrainState, parts: Stateful, config_hash: str, keep: int = 0) -> None:
-    """Write the step checkpoint ``path`` and ``prune`` the older ones to ``keep``. Every rank calls
-    it (the optimizer state of FSDP2 shards is gathered); rank 0 writes. Rank 0's failure (a full
-    disk) is raised on every rank (``on_main``), so no rank is left waiting for it at a barrier
-    until train.dist_timeout_s."""
+def save(path: Path, state: TrainState, parts: Stateful, config_hash: str) -> None:
+    """Write the step checkpoint ``path``. Every rank calls it (the optimizer state of FSDP2
+    shards is gathered); rank 0 writes. Rank 0's failure (a full disk) is raised on every rank
+    (``on_main``), so no rank is left waiting for it at a barrier until train.dist_timeout_s."""
     optimizer_state = parts.parallel.optimizer_state(parts.trained, parts.optimizer)
-
-    def write() -> None:
-        _write(path, state, parts, config_hash, optimizer_state)
-        prune(path.parent, keep)
-
-    parts.parallel.on_main(write)
+    parts.parallel.on_main(lambda: _write(path, state, parts, config_hash, optimizer_state))
 
 
 def _write(path: Path, state: TrainState, parts: Stateful, config_hash: str, optimizer_state: dict) -> None:

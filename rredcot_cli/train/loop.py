@@ -442,8 +442,8 @@ class Trainer:
         stops every rank)."""
         self.state.seconds, self.state.cpu_seconds = self._elapsed()
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
-        checkpoint.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash,
-                        keep=self.t.keep_checkpoints)
+        checkpoint.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash)
+        self.parallel.on_main(lambda: checkpoint.prune(self.checkpoints, self.t.keep_checkpoints))
 
     def _finish(self) -> Fitted:
         final_dir = self.checkpoints / "final"
