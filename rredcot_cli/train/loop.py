@@ -459,10 +459,11 @@ class Trainer:
 
 
 class Recorder:
-    """Rank 0's writes while the loop runs: ``metrics.parquet`` rewritten (atomically) after every
-    step, the row sent to the trackers of ``tracking=[...]``, and every ``train.save_rollouts``
-    steps the step's samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
-    The metrics rows live only in ``metrics`` (a columnar table) and that file, not in the loop's
+    """Rank 0's writes while the loop runs: the step's row added to ``metrics.parquet`` after every
+    step (a folder of parts, the last one rewritten atomically: store/metrics_log.py), the row sent
+    to the trackers of ``tracking=[...]``, and every ``train.save_rollouts`` steps the step's
+    samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
+    The metrics rows live only in ``metrics`` (its last part) and that folder, not in the loop's
     state or its checkpoints. On the other ranks it keeps and writes nothing."""
 
     def __init__(self, out, trackers: list[str], config: dict, is_main: bool, method: str, save_rollouts: int):
