@@ -83,7 +83,7 @@ def _train_dir(path: Path) -> tuple[Path, Path]:
 
 
 def _check_finished(train: Path) -> None:
-    missing = [name for name in TRAIN_FILES if not (train / name).is_file()]
+    missing = [name for name in TRAIN_FILES if not (train / name).exists()]  # metrics.parquet: a folder of parts
     manifest = run_files.read_manifest(train)
     if manifest is not None and manifest.get("status") != "complete":
         raise UnfinishedRunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
