@@ -176,7 +176,7 @@ def check_sync(device: str, quick: bool) -> dict:
 
 def check_train(device: str, quick: bool) -> dict:
     """``rredcot train backend=vllm`` for 3 steps, full fine-tuning and LoRA."""
-    import pyarrow.parquet as pq
+    from rredcot_cli.store import metrics_log
 
     report = {}
     common = ["backend=vllm", "experiment=quick", "train.steps=3", "train.eval_every=0", "train.save_every=0",
@@ -201,7 +201,7 @@ def check_train(device: str, quick: bool) -> dict:
             if proc.returncode != 0:
                 report[name] = {"error": proc.stderr[-3000:], "seconds": round(seconds, 1)}
                 continue
-            metrics = pq.read_table(run / "train" / "metrics.parquet").to_pylist()
+            metrics = metrics_log.read(run / "train" / "metrics.parquet").to_pylist()
             peak = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PEAK_RESERVED")]
             report[name] = {
                 "seconds": round(seconds, 1),
@@ -216,7 +216,7 @@ def check_train(device: str, quick: bool) -> dict:
 def check_colocated(device: str, quick: bool) -> dict:
     """``backend=vllm`` under torchrun on 2 GPUs: an engine per rank (ddp, fsdp2), then one engine
     shared by both ranks (tensor_parallel_size 2)."""
-    import pyarrow.parquet as pq
+    from rredcot_cli.store import metrics_log
     import torch
 
     gpus = torch.cuda.device_count() if device == "cuda" else 0
@@ -245,7 +245,7 @@ def check_colocated(device: str, quick: bool) -> dict:
             if proc.returncode != 0:
                 report[name] = {"error": proc.stderr[-3000:], "seconds": round(seconds, 1)}
                 continue
-            metrics = pq.read_table(run / "train" / "metrics.parquet").to_pylist()
+            metrics = metrics_log.read(run / "train" / "metrics.parquet").to_pylist()
             manifest = json.loads((run / "train" / "manifest.json").read_text())
             report[name] = {
                 "seconds": round(seconds, 1),

@@ -75,7 +75,9 @@ def result(run: Path) -> dict:
     import pyarrow.parquet as pq
 
     train = run / "train"
-    metrics = pq.read_table(train / "metrics.parquet")
+    from rredcot_cli.store import metrics_log
+
+    metrics = metrics_log.read(train / "metrics.parquet")
     metrics = metrics.drop([c for c in metrics.column_names if c.startswith(CLOCK_PREFIX)])
     weights = hashlib.sha256((train / "checkpoints" / "final" / "model.safetensors").read_bytes()).hexdigest()
     return {"metrics": metrics.to_pylist(), "eval": pq.read_table(train / "eval.parquet").to_pylist(),
@@ -87,10 +89,10 @@ def temporaries(run: Path) -> list[str]:
 
 
 def finished_steps(run: Path) -> int:
-    import pyarrow.parquet as pq
+    from rredcot_cli.store import metrics_log
 
     try:
-        return pq.read_metadata(run / "train" / "metrics.parquet").num_rows
+        return metrics_log.read(run / "train" / "metrics.parquet").num_rows
     except Exception:  # noqa: BLE001 - none yet
         return 0
 

@@ -70,7 +70,7 @@ def main() -> int:
         began = time.perf_counter()
         real_record(self, step, result)
         per_step[step] = {"step": step, "write_seconds": time.perf_counter() - began, "rss_mb": rss_mb(),
-                          "history_rows": self.metrics.table.num_rows}
+                          "history_rows": self.metrics.rows}
 
     loop.Recorder.write = timed_record
     checkpoint.save = loop.checkpoint.save = timed_save
@@ -100,7 +100,7 @@ def main() -> int:
                                                     [c["trainer_state_bytes"] for c in checkpoints]),
         "rss_mb_at_10pct": tail[0]["rss_mb"] if tail else None, "rss_mb_at_end": rows[-1]["rss_mb"] if rows else None,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "metrics_file_bytes": (run / "train" / "metrics.parquet").stat().st_size,
+        "metrics_file_bytes": sum(p.stat().st_size for p in (run / "train" / "metrics.parquet").rglob("*.parquet")),
         "checkpoints": checkpoints, "per_step": rows, "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average": os.getloadavg(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "written_steps": len(steps),

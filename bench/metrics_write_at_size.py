@@ -1,7 +1,7 @@
 """One step's metrics.parquet write at a given history size, the old way (all row dicts converted
 again, ``artifacts.write_artifact``) and the current one (``store.metrics_log.MetricsLog``: the new
-row converted, the kept Arrow table written) and a resume's read of the rows back; the memory the rows take as the Python dicts the loop
-kept before and as the Arrow table ``MetricsLog`` keeps now, and the bytes the dicts added to every
+row converted, only the last part file of the folder written) and a resume's read of the rows back; the memory the rows take as the Python dicts the loop
+kept before and as the Arrow table ``MetricsLog`` keeps now (the last part's rows), and the bytes the dicts added to every
 checkpoint's trainer_state.pt before (pickled by torch.save; checkpoints hold no rows now). For what
 a run of 100,000 steps costs, measured rather than extrapolated (issue 31; results/long-runs/).
 
@@ -56,6 +56,7 @@ def main() -> int:
         old = time.perf_counter() - began
         log = MetricsLog(folder / "new.parquet")
         log.restore(n - 1, history[:-1])  # the run so far
+        log.write()  # a resume's first write puts the whole folder in place
         began = time.perf_counter()
         log.append(history[-1])  # this step
         log.write()
@@ -67,9 +68,9 @@ def main() -> int:
         torch.save({"progress": {"history": history}}, pickled)
         sizes.append({"rows": n, "old_write_seconds": round(old, 4), "new_write_seconds": round(new, 4),
                       "resume_read_seconds": round(restore, 4),
-                      "history_dicts_mb": round(history_mb, 1), "metrics_table_mb": round(log.table.nbytes / 2**20, 1),
+                      "history_dicts_mb": round(history_mb, 1), "metrics_table_mb": round(log.part.nbytes / 2**20, 1),
                       "history_in_trainer_state_mb": round(pickled.tell() / 2**20, 1),
-                      "file_mb": round((folder / "new.parquet").stat().st_size / 2**20, 2)})
+                      "file_mb": round(sum(p.stat().st_size for p in (folder / "new.parquet").rglob("*.parquet")) / 2**20, 2)})
         print(json.dumps(sizes[-1]), flush=True)
     report = {"study": "long-runs", "what": "one step's metrics write at a history size", "sizes": sizes,
               "columns": len(metrics_row(1)), "machine": platform.platform(), "cpus": os.cpu_count(),

@@ -218,7 +218,9 @@ def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict,
     if proc.returncode:
         return result
     train_dir = run_dir / "train"
-    rows = _rows(train_dir / "metrics.parquet")
+    from rredcot_cli.store import metrics_log
+
+    rows = metrics_log.read(train_dir / "metrics.parquet").to_pylist()
     summary = json.loads((train_dir / "summary.json").read_text())
     steps_out, previous = [], 0
     for row in rows:

@@ -33,9 +33,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides")
     args = ap.parse_args()
 
-    import pyarrow.parquet as pq
 
-    from rredcot_cli.store import train_rollouts
+    from rredcot_cli.store import metrics_log, train_rollouts
     from rredcot_cli.cli import app
 
     writes: dict[int, float] = {}
@@ -55,7 +54,7 @@ def main() -> None:
         app(command, standalone_mode=False)
     finally:
         train_rollouts.save = save
-    metrics = {row["step"]: row for row in pq.read_table(run / "train" / "metrics.parquet").to_pylist()}
+    metrics = {row["step"]: row for row in metrics_log.read(run / "train" / "metrics.parquet").to_pylist()}
     rows = []
     for step, seconds in sorted(writes.items()):
         folder = train_rollouts.step_dir(run / "train", step)

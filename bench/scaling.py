@@ -414,9 +414,9 @@ def run_point(spec: dict, steps: int, profile_step: int, work: Path, extra: list
         result["stderr_tail"] = proc.stderr[-4000:]
         print(f"  FAILED rc={proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
         return result
-    import pyarrow.parquet as pq
+    from rredcot_cli.store import metrics_log
 
-    metrics = pq.read_table(run_dir / "train" / "metrics.parquet").to_pylist()
+    metrics = metrics_log.read(run_dir / "train" / "metrics.parquet").to_pylist()
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     result["metrics"] = [{k: m[k] for k in ("step", "seconds", "reward_mean", "tokens", "loss", "grad_norm")}
                          for m in metrics]

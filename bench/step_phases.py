@@ -24,15 +24,15 @@ import json
 import statistics
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from rredcot_cli.store import metrics_log
 
 
 def phases(run: Path) -> dict:
     """Median (steps 2..N) and sum of every `seconds*` column of RUN's metrics."""
     metrics = run / "train" / "metrics.parquet" if (run / "train").is_dir() else run / "metrics.parquet"
-    if not metrics.is_file():
+    if not metrics.exists():
         raise SystemExit(f"{run}: no train/metrics.parquet there; give a `rredcot train` run folder (run.dir)")
-    rows = pq.read_table(metrics).to_pylist()
+    rows = metrics_log.read(metrics).to_pylist()
     if len(rows) < 2:
         raise SystemExit(f"{metrics}: {len(rows)} step(s); need at least 2 to leave the warm-up step out")
     columns = [c for c in rows[0] if c == "seconds" or c.startswith("seconds_")]

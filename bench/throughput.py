@@ -225,8 +225,6 @@ def _run(cmd: list[str], env: dict, label: str) -> tuple[subprocess.CompletedPro
 
 
 def run_rredcot(method: str, steps: int, work: Path, repeat: int, extra: list[str]) -> dict:
-    import pyarrow.parquet as pq
-
     run_dir = work / f"{method}-r{repeat}"
     cmd = [sys.executable, "-m", "rredcot_cli", "train", f"method={method}", "seed=0", f"train.steps={steps}",
            f"train.eval_every={steps}", "train.save_every=0", "train.save_rollouts=0", "backend.num_threads=1",
@@ -235,7 +233,9 @@ def run_rredcot(method: str, steps: int, work: Path, repeat: int, extra: list[st
     result = {"run": method, "repeat": repeat, **info}
     if proc.returncode:
         return result
-    rows = pq.read_table(run_dir / "train" / "metrics.parquet").to_pylist()
+    from rredcot_cli.store import metrics_log
+
+    rows = metrics_log.read(run_dir / "train" / "metrics.parquet").to_pylist()
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     steps_out, previous = [], 0
     for row in rows:

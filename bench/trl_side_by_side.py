@@ -347,8 +347,6 @@ def run_trl(args, device: str, model_dir: str, work: Path) -> dict:
 
 
 def run_rredcot(args, device: str, work: Path) -> dict:
-    import pyarrow.parquet as pq
-
     run_dir = work / "rredcot"
     budget = [f"model={PRESET}"] + ([f"model.path={args.model}"] if args.model != PRESET_PATH else []) + [
         "benchmark=arith", f"sampling.max_new_tokens={args.max_new_tokens}", f"train.steps={args.steps}",
@@ -360,7 +358,9 @@ def run_rredcot(args, device: str, work: Path) -> dict:
         f"run.dir={run_dir}", "run.overwrite=true"]
     cmd = rredcot_command() + ["train"] + budget
     wall = run_logged(cmd, work / "rredcot-train.log", child_env(args.threads))
-    table = pq.read_table(run_dir / "train" / "metrics.parquet").to_pylist()
+    from rredcot_cli.store import metrics_log
+
+    table = metrics_log.read(run_dir / "train" / "metrics.parquet").to_pylist()
     step_s = [r["seconds"] for r in table]
     phases = sorted({k for r in table for k in r if k.startswith("seconds_") and k != "seconds_eval"})
     evals = {r["step"]: r["eval_accuracy"] for r in table if r.get("eval_accuracy") is not None}

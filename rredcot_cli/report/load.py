@@ -27,7 +27,7 @@ import yaml
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rredcot_cli.store import artifacts, runs as run_files
+from rredcot_cli.store import artifacts, metrics_log, runs as run_files
 from rredcot_cli.errors import ArtifactError, RunError
 from rredcot_cli.metrics import accuracy_by_bucket
 # Leaves that say how a run was executed, not what it computed, never split groups: the one rule
@@ -85,7 +85,7 @@ def _train_dir(path: Path) -> tuple[Path, Path]:
 
 
 def _check_finished(train: Path) -> None:
-    missing = [name for name in TRAIN_FILES if not (train / name).is_file()]
+    missing = [name for name in TRAIN_FILES if not (train / name).exists()]  # metrics.parquet: a folder of parts
     manifest = run_files.read_manifest(train)
     if manifest is not None and manifest.get("status") != "complete":
         raise UnfinishedRunError(f"{train} is not a finished train stage: {train / 'manifest.json'} says status "
@@ -121,7 +121,7 @@ def load_run(path: str | Path) -> RunResult:
     for key in ("eval_before", "eval_after"):
         if "pass@1" not in (summary.get(key) or {}):
             raise ArtifactError(f"{train / 'summary.json'} has no {key}['pass@1']")
-    metrics = artifacts.read_artifact("train_metrics", train / "metrics.parquet").to_pylist()
+    metrics = metrics_log.read(train / "metrics.parquet").to_pylist()
     eval_rows = artifacts.read_artifact("eval", train / "eval.parquet").to_pylist()
 
     curve = {0: float(summary["eval_before"]["pass@1"])}

@@ -3,7 +3,8 @@
 Reads samples, segments and one method's credits and advantages, picks ``heatmap.samples``
 completions (``heatmap.select``), and writes a self-contained ``heatmap.html`` and a
 ``heatmap.png`` under ``<run.dir>/heatmap[-<tag>]/<method>/``. These are views, not artifacts:
-they are rewritten on every call (atomically) and carry no manifest.
+they are rewritten on every call (atomically) and carry no manifest; the folder's writer lock
+(``store/lock.py``) keeps a second heatmap from mixing its page with this one's figure.
 
 Tokens are decoded with the tokenizer of ``model.path``; if it cannot be loaded, or does not give
 the texts the segments were made from, each segment is shown as one piece. On synthetic
@@ -16,7 +17,7 @@ from collections import defaultdict
 from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
-from rredcot_cli.store import artifacts, runs
+from rredcot_cli.store import artifacts, lock, runs
 from rredcot_cli.errors import ArtifactError, ConfigError
 from rredcot_cli.console import console
 from rredcot_cli.stages.common import table_rows
@@ -58,7 +59,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     except ValueError as e:
         raise ArtifactError(f"{paths['credits'].parent}: the artifacts do not fit together ({e})") from e
 
-    out_dir = runs.stage_folder(cfg, "heatmap", method)
+    out_dir = lock.lock_output_folder(runs.stage_folder(cfg, "heatmap", method))
     subtitle = f"run {cfg.run.dir} · method {method} · selection {h.select}"
     title = f"rredcot heatmap · {method}"
     html_path = runs.atomic_write_text(out_dir / "heatmap.html",

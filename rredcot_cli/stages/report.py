@@ -3,7 +3,8 @@
 Unlike the other stages it takes run dirs, not a config: it reads each ``<run>/train/`` (see
 ``rredcot_cli.report.load``), groups and aggregates them (``rredcot_cli.report.compare``) and writes
 ``report.md``, ``report.csv``, ``accuracy_vs_step.png`` and ``accuracy_by_length.png`` into ``out``
-(default ``runs/report``; ``rredcot_cli.report.write``), rewritten atomically on every call, then
+(default ``runs/report``; ``rredcot_cli.report.write``), rewritten atomically on every call under the
+folder's writer lock (``store/lock.py``: a second report into it is refused in one line), then
 prints the main table. A run dir without a finished train stage, or runs on different benchmarks,
 stop it with one line (``RunError``); with ``--skip-unfinished`` unfinished run dirs are left out
 and named instead (a sweep still running, or cells that failed). A paired comparison whose arms ran
@@ -23,6 +24,7 @@ from rredcot_cli.console import make_console, print_table
 from rredcot_cli.report.compare import build_report
 from rredcot_cli.report.markdown import mixed_commits_line, summary_rows
 from rredcot_cli.report.write import write_report
+from rredcot_cli.store import lock
 
 DEFAULT_OUT = Path("runs/report")
 
@@ -45,6 +47,8 @@ def run(run_dirs: Sequence[str | Path], out: str | Path = DEFAULT_OUT, skip_unfi
         if row.cross_commit:
             stderr.print(f"warning: {mixed_commits_line(row, report.baseline, refused=not allow_mixed_commits)}",
                          markup=False, highlight=False)
+    # one writer per folder, as every stage: two reports into one folder would mix their files
+    lock.lock_output_folder(out, beside="pass --out DIR")
     written = write_report(report, out)
     header, rows = summary_rows(report)
     table = Table(title=f"rredcot report · {report.benchmark.get('name')} · {len(report.runs)} runs",

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from rredcot_cli.console import console, print_table
 from rredcot_cli.rng import seed_everything
-from rredcot_cli.store import artifacts, runs, train_rollouts
+from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 
 from rredcot_cli.train import distributed, tracking, trainable
 from rredcot_cli.train.preemption import signal_number
@@ -62,8 +62,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     try:
         fitted = trainer.fit()
         weight_sync = _weight_sync_record(policy.backend, parallel)
-        if parallel.is_main:  # rank 0 writes every artifact
-            _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync)
+        # rank 0 writes every artifact; its failure stops every rank (not left at the barrier below)
+        parallel.on_main(lambda: _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync))
     except StorageError as e:  # a full disk mid-run: say what a resume starts from
         raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
     except Preempted as e:  # a checkpoint of the last step was written (train/preemption.py)
@@ -130,7 +130,7 @@ def _write_results(method: str, steps: int, out, fitted: Fitted, trackers: list[
     each); the stage finished; the before/after table."""
     state = fitted.state
     metrics_path = out.dir / "metrics.parquet"
-    metrics = artifacts.read_artifact("train_metrics", metrics_path)
+    metrics = metrics_log.read(metrics_path)
     eval_path = artifacts.write_artifact("eval", fitted.eval_rows_after, out.dir / "eval.parquet")
     summary = {"method": method, "steps": steps, "seconds": fitted.seconds, "cpu_seconds": fitted.cpu_seconds,
                "generated_tokens": state.tokens_seen,

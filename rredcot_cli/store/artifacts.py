@@ -343,23 +343,35 @@ def write_artifact(
     return write_table(kind, build_table(kind, columns), path)
 
 
-def write_table(kind: str, table: pa.Table, path: str | Path) -> Path:
+def write_table(kind: str, table: pa.Table, path: str | Path, hidden: bool = False) -> Path:
     """Write ``table``, made by ``build_table(kind, ...)`` (not converted again), as a ``kind``
-    artifact at ``path``, atomically. Returns the path."""
+    artifact at ``path``, atomically (``hidden``: see ``atomic_path``; for a part of a folder
+    artifact). Returns the path."""
     path = Path(path)
     table = table.replace_schema_metadata({_KIND_METADATA_KEY: kind.encode()})
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, needed=table.nbytes) as tmp:  # in memory; Parquet compresses it
+    with atomic_path(path, needed=table.nbytes, hidden=hidden) as tmp:  # in memory; Parquet compresses it
         pq.write_table(table, tmp)
     return path
+
+
+# The files of a folder artifact (train's metrics.parquet: store/metrics_log.py), one table in name order.
+PART_PATTERN = "part-*.parquet"
+
+
+def part_name(index: int) -> str:
+    """The file name of part ``index`` of a folder artifact (zero-padded: name order is index order)."""
+    return f"part-{index:06d}.parquet"
 
 
 def read_artifact(kind: str, path: str | Path) -> pa.Table:
     """Read the ``kind`` artifact at ``path`` and check its columns against the schema.
 
-    Raises ``ArtifactError`` if the file is missing (naming the stage that makes it), is not
-    readable Parquet, lacks columns, has columns of another type, or has nulls where none are
-    allowed. Extra columns are kept.
+    ``path`` is one Parquet file, or a folder of part files (``PART_PATTERN``, as train's
+    metrics.parquet is written since it grows by parts; older runs hold one file), read as one
+    table in name order. Raises ``ArtifactError`` if the file is missing (naming the stage that
+    makes it), is not readable Parquet, lacks columns, has columns of another type, or has nulls
+    where none are allowed. Extra columns are kept.
     """
     spec = get_spec(kind)
     path = Path(path)
@@ -367,8 +379,20 @@ def read_artifact(kind: str, path: str | Path) -> pa.Table:
         raise ArtifactError(
             f"no {spec.file_name} at {path} (it is made by `rredcot {spec.made_by_stage}`)"
         )
+    if path.is_dir():
+        parts = [_read_file(kind, part) for part in sorted(path.glob(PART_PATTERN))]
+        if not parts:  # a folder written before its first row (a resume from step 0)
+            return build_table(kind, [])
+        # parts of one writer have one schema; "default" fills an extra column one part lacks with nulls
+        return pa.concat_tables(parts, promote_options="default")
     if not path.is_file():
         raise ArtifactError(f"{path} is not a file; expected a {kind} Parquet file ({spec.file_name})")
+    return _read_file(kind, path)
+
+
+def _read_file(kind: str, path: Path) -> pa.Table:
+    """One Parquet file of ``kind``, checked against its schema (``read_artifact``)."""
+    spec = get_spec(kind)
     try:
         # One open file: by path, pyarrow opens the file more than once (footer, then pages), so
         # a writer's atomic replace between the opens (train's live metrics.parquet) reads as a

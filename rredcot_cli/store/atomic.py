@@ -124,7 +124,7 @@ def _storage_failure(error: BaseException, path: Path, tmp: Path, needed: int | 
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
+def atomic_path(path: str | Path, needed: int | None = None, hidden: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success move what was written there into place.
 
     For writers that need a path (``pq.write_table``, ``model.save_pretrained``). The writer
@@ -134,12 +134,14 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
     removed and ``path`` is left as it was; a full disk, no permission and the like (also when a
     library says so in its own exception, as safetensors and torch.save do) become a one-line
     ``StorageError`` naming ``path``, with ``needed`` (bytes the write takes, when the caller knows)
-    and the space left.
+    and the space left. ``hidden``: the temporary's name starts with a dot, for a file written into a
+    folder that readers list (a Parquet dataset reader skips dot files; it would read a finished
+    temporary as one more part, its rows twice).
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f"{path.name}{TMP_MARK}", dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=f"{'.' if hidden else ''}{path.name}{TMP_MARK}", dir=path.parent)
         os.close(fd)
     except StorageError:
         raise

@@ -101,11 +101,14 @@ class Stateful:
 
 def save(path: Path, state: TrainState, parts: Stateful, config_hash: str) -> None:
     """Write the step checkpoint ``path``. Every rank calls it (the optimizer state of FSDP2
-    shards is gathered); rank 0 writes."""
+    shards is gathered); rank 0 writes. Rank 0's failure (a full disk) is raised on every rank
+    (``on_main``), so no rank is left waiting for it at a barrier until train.dist_timeout_s."""
     optimizer_state = parts.parallel.optimizer_state(parts.trained, parts.optimizer)
-    if not parts.parallel.is_main:
-        parts.parallel.barrier()
-        return
+    parts.parallel.on_main(lambda: _write(path, state, parts, config_hash, optimizer_state))
+
+
+def _write(path: Path, state: TrainState, parts: Stateful, config_hash: str, optimizer_state: dict) -> None:
+    """Rank 0's part of ``save``: the checkpoint folder, atomically."""
     saved = {
         KEY_FORMAT: STATE_FORMAT,
         KEY_CONFIG_HASH: config_hash,
@@ -121,7 +124,6 @@ def save(path: Path, state: TrainState, parts: Stateful, config_hash: str) -> No
         trainable.save_trained_weights(parts.plain, tmp)
         parts.tokenizer.save_pretrained(tmp)
         torch.save(saved, tmp / STATE_FILE)
-    parts.parallel.barrier()
 
 
 def _state_bytes(*states: Any) -> int:

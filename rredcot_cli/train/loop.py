@@ -266,7 +266,9 @@ class Trainer:
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                     self._eval_into(result.row, step)
                 self.state.step = step
-                self.recorder.write(step, result)  # before the step's checkpoint: a resume reads the rows back
+                # before the step's checkpoint: a resume reads the rows back; rank 0 writes, and a
+                # failure there (a full disk) stops every rank instead of leaving them at the next collective
+                self.parallel.on_main(lambda: self.recorder.write(step, result))
                 self._count_skipped(step, result.stats)
                 stop = step != t.steps and preempt.due(self.parallel)  # a signal: checkpoint now, then stop
                 if step != t.steps and (stop or (t.save_every and step % t.save_every == 0)):
@@ -440,17 +442,18 @@ class Trainer:
                 self.state.cpu_seconds + time.process_time() - self._cpu_started)
 
     def checkpoint(self, step: int) -> None:
-        """``checkpoints/step-N`` (every rank takes part; rank 0 writes and prunes)."""
+        """``checkpoints/step-N`` (every rank takes part; rank 0 writes and prunes, and its failure
+        stops every rank)."""
         self.state.seconds, self.state.cpu_seconds = self._elapsed()
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
         checkpoint.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash)
-        if self.parallel.is_main:
-            checkpoint.prune(self.checkpoints, self.t.keep_checkpoints)
+        self.parallel.on_main(lambda: checkpoint.prune(self.checkpoints, self.t.keep_checkpoints))
 
     def _finish(self) -> Fitted:
         final_dir = self.checkpoints / "final"
-        if self.parallel.is_main:
-            _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic, dtype_of(self.settings.save_dtype))
+        # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
+        self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
+                                                       dtype_of(self.settings.save_dtype)))
         eval_rows_after, eval_after = self.held_out_eval(self.t.steps)
         # CPU time of this process's threads (an in-process vLLM engine included; a process of its
         # own, as on GPUs, is not): with several threads busy it exceeds the wall time.
@@ -460,10 +463,11 @@ class Trainer:
 
 
 class Recorder:
-    """Rank 0's writes while the loop runs: ``metrics.parquet`` rewritten (atomically) after every
-    step, the row sent to the trackers of ``tracking=[...]``, and every ``train.save_rollouts``
-    steps the step's samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
-    The metrics rows live only in ``metrics`` (a columnar table) and that file, not in the loop's
+    """Rank 0's writes while the loop runs: the step's row added to ``metrics.parquet`` after every
+    step (a folder of parts, the last one rewritten atomically: store/metrics_log.py), the row sent
+    to the trackers of ``tracking=[...]``, and every ``train.save_rollouts`` steps the step's
+    samples, segments, credits and advantages (rredcot_cli/store/train_rollouts.py).
+    The metrics rows live only in ``metrics`` (its last part) and that folder, not in the loop's
     state or its checkpoints. On the other ranks it keeps and writes nothing."""
 
     def __init__(self, out, trackers: list[str], config: dict, is_main: bool, method: str, save_rollouts: int):

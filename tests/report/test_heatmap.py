@@ -215,22 +215,26 @@ def test_png_is_written_and_valid(tmp_path):
 # --------------------------------------------------------------------------- stage
 
 
-def test_stage_writes_page_and_figure(tmp_path, monkeypatch):
+def write_inputs(run, monkeypatch):
+    """``run`` with the artifacts heatmap reads for method grpo, and the stage's tokenizer replaced by a
+    character-level one (instead of loading model.path); returns ``run``."""
     import rredcot_cli.stages.heatmap as stage
 
     samples, segments, credits, advantages, texts = _rows(with_values=True)
     for rows in (credits, advantages):
         for r in rows:
             r["method"] = "grpo"
-    run = tmp_path / "run"
     artifacts.write_artifact("samples", samples, run / "sample" / "samples.parquet")
     artifacts.write_artifact("segments", segments, run / "segment" / "segments.parquet")
     artifacts.write_artifact("credits", credits, run / "attribute" / "grpo" / "credits.parquet")
     artifacts.write_artifact("advantages", advantages, run / "attribute" / "grpo" / "advantages.parquet")
-    # a character-level tokenizer instead of loading model.path
     monkeypatch.setattr(stage, "_token_text_source",
                         lambda cfg, segs: lambda row: [chr(i) for i in row["completion_token_ids"]])
+    return run
 
+
+def test_stage_writes_page_and_figure(tmp_path, monkeypatch):
+    run = write_inputs(tmp_path / "run", monkeypatch)
     result = CliRunner().invoke(app, ["heatmap", f"run.dir={run}", "method=grpo", "heatmap.samples=2",
                                       "benchmark.min_steps=3", "benchmark.max_steps=3", "benchmark.data_seed=7"])
     assert result.exit_code == 0, result.output

@@ -11,7 +11,8 @@
   same metrics and final weights as world size 1 (tolerance below); a run killed at world size
   2 resumes to the same result, at world size 2 (FSDP2) or in one process (DDP).
 * Ranks that generate different lengths, or are out of rows, do not hang (a 60 s collective
-  timeout turns a hang into a failure).
+  timeout turns a hang into a failure); a storage error on rank 0 while it checkpoints stops every
+  rank at once with rank 0's message.
 """
 
 from __future__ import annotations
@@ -222,6 +223,71 @@ def test_a_rank_out_of_rows_takes_part_without_changing_the_update(tmp_path):
     gap = max(float((result["weights"][k] - v).abs().max()) for k, v in weights.items())
     assert gap <= 1e-6
     assert result["stats"]["loss"] == pytest.approx(stats.loss, rel=1e-5, abs=1e-8)
+
+
+# --------------------------------------------------------------------------- rank 0 failing to checkpoint
+
+# The collective timeout of the test below (train.dist_timeout_s): before rank 0's failure was shared,
+# rank 1 waited for it at a barrier until this timeout.
+CHECKPOINT_TIMEOUT_S = 15
+
+
+def _checkpoint_worker(rank: int, rendezvous: str, run_dir: str) -> None:
+    """Both ranks save step 1's checkpoint; rank 0's disk is full. Each writes what happened to it
+    (``rank-N.json``: the exception it stopped with, and the seconds save took)."""
+    import errno
+
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from rredcot_cli.train import checkpoint, trainable
+    from rredcot_cli.train.precision import GradientStepper, Precision
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=CHECKPOINT_TIMEOUT_S))
+    run_dir = Path(run_dir)
+    try:
+        parallel = DataParallel(rank=rank, world_size=2, mode="ddp")
+        trained, plain, _ = parallel.wrap(_model())
+        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+        parts = checkpoint.Stateful(trained, plain, parallel, AutoTokenizer.from_pretrained(TINY_MODEL), optimizer,
+                                    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), torch.Generator(),
+                                    None, GradientStepper(Precision("fp32", torch.float32, None)))
+        if rank == 0:  # the weights' write finds the disk full, as safetensors says it
+            def full(*args, **kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            trainable.save_trained_weights = full
+        began = time.monotonic()
+        try:
+            checkpoint.save(run_dir / "checkpoints" / "step-000001", checkpoint.TrainState(step=1), parts, "hash")
+            outcome = "saved"
+        except Exception as e:  # noqa: BLE001 - what each rank stopped with is the result
+            outcome = f"{type(e).__name__}: {e}"
+        (run_dir / f"rank-{rank}.json").write_text(json.dumps({"outcome": outcome,
+                                                                "seconds": time.monotonic() - began}))
+        # Rank 0 stays until rank 1 has its outcome: a rank 0 that had exited would break rank 1's
+        # wait with a closed connection, not show whether the failure reached it.
+        deadline = time.monotonic() + CHECKPOINT_TIMEOUT_S + 60
+        while rank == 0 and not (run_dir / "rank-1.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_0_failing_to_checkpoint_stops_every_rank_with_its_message(tmp_path):
+    """A full disk on rank 0 while it writes a step checkpoint: every rank stops at once with rank
+    0's one-line StorageError (before: rank 1 waited at the barrier until the collective timeout)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_checkpoint_worker, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    target = tmp_path / "checkpoints" / "step-000001"
+    assert ranks[0]["outcome"].startswith(f"StorageError: cannot write {target}: No space left on device"), ranks
+    assert ranks[1]["outcome"] == ranks[0]["outcome"], ranks
+    assert ranks[1]["seconds"] < CHECKPOINT_TIMEOUT_S, ranks
+    assert not target.exists() and not [p for p in target.parent.iterdir() if p.name.startswith(target.name)]
 
 
 # --------------------------------------------------------------------------- the CLI under torchrun

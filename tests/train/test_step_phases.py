@@ -3,10 +3,10 @@
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from repo_scripts import load_script
+
+from rredcot_cli.store import artifacts
 
 
 @pytest.fixture(scope="module")
@@ -14,11 +14,14 @@ def step_phases():
     return load_script("bench/step_phases.py")
 
 
-def _run(root: Path, seconds, sampling, credit, tokens) -> Path:
-    (root / "train").mkdir(parents=True)
-    table = pa.table({"step": list(range(1, len(seconds) + 1)), "seconds": seconds, "seconds_sampling": sampling,
-                      "seconds_credit": credit, "tokens": tokens})
-    pq.write_table(table, root / "train" / "metrics.parquet")
+def _run(root: Path, seconds, sampling, credit, tokens, forward_tokens=None) -> Path:
+    """A run folder whose metrics (every column; the others 0 or empty) have these per-step values."""
+    schema = artifacts.get_spec("train_metrics").schema
+    rows = [{**{f.name: None if f.nullable else 0 for f in schema}, "step": step, "seconds": seconds[i],
+             "seconds_sampling": sampling[i], "seconds_credit": credit[i], "tokens": tokens[i],
+             "credit_forward_tokens": forward_tokens[i] if forward_tokens else None}
+            for i, step in enumerate(range(1, len(seconds) + 1))]
+    artifacts.write_artifact("train_metrics", rows, root / "train" / "metrics.parquet")
     return root
 
 
@@ -48,10 +51,7 @@ def test_bad_arguments_are_one_line(step_phases, tmp_path):
 
 
 def test_value_estimation_positions_where_the_run_recorded_them(step_phases, tmp_path):
-    run = _run(tmp_path / "a", [3.0, 3.0, 3.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.5], [1, 2, 3])
-    table = pq.read_table(run / "train" / "metrics.parquet").append_column("credit_forward_tokens",
-                                                                         pa.array([100, None, 300]))
-    pq.write_table(table, run / "train" / "metrics.parquet")
+    run = _run(tmp_path / "a", [3.0, 3.0, 3.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.5], [1, 2, 3], [100, None, 300])
     stats = step_phases.main([f"a={run}"])["runs"]["a"]
     assert stats["steps_with_credit_work"] == 2 and stats["credit_forward_positions"] == 400
     assert stats["credit_positions_per_s"] == 200.0   # 400 positions in 2.0 s
