@@ -36,6 +36,7 @@ from datetime import datetime
 from rredcot_cli.config.messages import (describe_type, parse_error, schema_fields, translate, unknown_key,
                                          unknown_option, wrong_type, yaml_error)
 from rredcot_cli.config.ranges import check_ranges
+from rredcot_cli.config.schema import without_unhashed
 from rredcot_cli.config.search import CONF_DIR, CONFIG_NAME, config_file, group_options, user_config_dirs
 from rredcot_cli.errors import ConfigError, one_line
 from rredcot_cli.plugins import import_plugin, plugin_options
@@ -339,6 +340,6 @@ def config_hash(cfg: DictConfig, keys: Sequence[str]) -> str:
     if missing:
         raise KeyError(f"config_hash: no top-level key(s) {', '.join(missing)} in the config")
     selected = OmegaConf.masked_copy(cfg, sorted(set(keys)))
-    data = OmegaConf.to_container(selected, resolve=True, enum_to_str=True)
+    data = without_unhashed(OmegaConf.to_container(selected, resolve=True, enum_to_str=True))
     text = yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]

@@ -40,6 +40,7 @@ from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_wr
 from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
 from rredcot_cli.store.lock import LOCK_FILE, lock_stage_folder, release
 from rredcot_cli.config.compose import config_hash
+from rredcot_cli.config.schema import without_unhashed
 from rredcot_cli.store.artifacts import get_spec
 
 if TYPE_CHECKING:
@@ -283,7 +284,8 @@ def check_input_provenance(cfg: DictConfig, stage: str, keys: list[str], input_r
             made_with = OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE), resolve=False)
         except Exception:  # noqa: BLE001 - an unreadable config only loses this check
             continue
-        differences = [d for k in shared for d in _leaf_differences(made_with.get(k), current.get(k), k)]
+        made_with, now = without_unhashed(made_with), without_unhashed(current)
+        differences = [d for k in shared for d in _leaf_differences(made_with.get(k), now.get(k), k)]
         if differences:
             shown = "; ".join(differences[:3]) + (f" (and {len(differences) - 3} more)" if len(differences) > 3 else "")
             raise RunError(

@@ -251,3 +251,15 @@ def test_every_config_field_is_documented_where_it_is_declared():
                 if not (any("#" in line for line in own) or above.startswith("#")):
                     undocumented.append(f"{cls.name}.{node.target.id}")
     assert not undocumented, f"document these fields in rredcot_cli/config/schema.py: {undocumented}"
+
+
+def test_the_model_presets_value_estimator_changes_no_hash():
+    """model.value_estimator reaches a stage only through method.value, so the model group's hash
+    (and with it every sample made before the key existed) stays what it was: e1f4b8fac302 is the
+    default model's hash at 9706c73, before it."""
+    default = compose([])
+    assert config_hash(default, ["model"]) == "e1f4b8fac302"
+    assert config_hash(compose(["model.value_estimator=answer_share"]), ["model"]) == "e1f4b8fac302"
+    # ... while the method that reads it does change.
+    assert config_hash(compose(["method=rredcot"]), ["method"]) != \
+        config_hash(compose(["method=rredcot", "model.value_estimator=answer_share"]), ["method"])
