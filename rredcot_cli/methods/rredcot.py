@@ -6,17 +6,37 @@ Segment k of completion i earns the change in the estimated chance of a correct 
     r_k = V(S_k) - V(S_{k-1}),  V(S_K) = R (observed reward),  V(S_0) = group mean reward
     (or the estimator at the empty prefix),  so  sum_k r_k = R - V(S_0)  exactly.
 
-V comes from ``answer_probe`` or ``suffix_is`` (rredcot_cli/values), neither of which generates.
+V comes from a registered value estimator (rredcot_cli/values/registry.py: ``answer_probe``,
+``answer_share``, ``suffix_is``), none of which generates, and none of which sees the trace's own
+outcome: V(S_i,k) is estimated from the *other* members of the group (their continuations, or their
+answers), so flipping R_i moves none of trace i's values (tests/values/test_value_leak.py). Before
+issue 37, ``suffix_is`` counted the trace's own next segment (weight 1 on-policy, utility R_i) and on
+real model text, where other traces' wording gets likelihood ratios near 0, its V(S_1) was the own
+reward for 86 % of SmolLM2's multi-line answers: "GRPO on the first segment, nothing after".
+
+The default estimator follows the model (``method.value`` = ``model.value_estimator``), chosen by the
+judge against two controls that know nothing (V = own reward, V = the prompt's baseline), on inner
+boundaries and within completions of one reward (docs/credit-quality.md, issue 37):
+  answer_probe  real models (every HF/GGUF model): on SmolLM2 `arith` it ranks inner values within one
+                reward at rho 0.41 [0.08, 0.74] over 5 batches, where the controls score 0.00 and
+                0.02, while leave-one-out ``suffix_is`` scores about 0 (foreign suffixes are
+                implausible after another trace's wording, so it has nothing to weigh).
+  suffix_is     the embedded chain models (``model=tiny``, ``tiny-chain-verbose``), whose group mates
+                write the same step lines token for token: on R1 it ranks inner values within one
+                reward at rho 0.47 and finds the first wrong step 0.96 of the time (chance 0.12),
+                while a forced answer mid-chain is a guess there.
+``suffix_is`` uses ordinary importance sampling by default (the paper's estimator, whose bias is
+non-positive): with the own suffix gone, self-normalised weights would hand the foreign rewards on
+whatever their plausibility (a wrong chain whose mates are all right would be valued 1 at every
+step); ordinary weights let implausible suffixes pull V towards 0.
 The paper's advantage rule is not public; the three documented candidates are options
 (rredcot-method.md section 6), with sigma = std of all segment rewards of the group:
   immediate     A_t = r_k(t) / sigma                       (RUDDER: no reward-to-go needed)
   reward_to_go  A_t = sum_{j >= k(t)} (r_j - mean) / sigma (DeepSeekMath process supervision)
   mixed         A_t = A_GRPO + mix_lambda * r_k(t) / sigma (keeps the outcome signal)
-The default estimator is ``suffix_is``: on the embedded chain task a forced answer mid-chain is
-a guess (the answer depends on steps not yet computed), so ``answer_probe`` values stay near 0
-until the last segment and its credit says little (measured in docs/rredcot-value-cost.md);
-``answer_probe`` is the paper's most plausible reading and suits tasks with informative
-mid-chain answers (``benchmark=search``, real math traces).
+RUDDER itself trains on the redistributed rewards' returns under PPO; with an optimal
+redistribution the expected future reward is 0, so the immediate reward is the return's only
+informative part, which is why ``immediate`` is the default.
 Segment rewards are clipped to [-clip_reward, clip_reward] for the advantage only (0 = off); the
 credits written to artifacts are the unclipped r_k, so the telescoping sum holds for them.
 """
