@@ -11,8 +11,41 @@ maj@k. No answer scores 0.0.
 
 from __future__ import annotations
 
+import re
+
 from rredcot_cli.benchmarks.base import Problem
-from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
+from rredcot_cli.benchmarks.verify import boxed_answer, math_equal
+
+# An explicit statement of the final answer without a box: "The final answer is $x$", "the
+# answer is 12.", "Final Answer: $\frac{1}{2}$" (lm-eval's minerva_math format and the phrases
+# Qwen2.5-Math's and DeepSeekMath's graders read when there is no box).
+_STATEMENT = re.compile(r"\b(?:final\s+answer|the\s+answer)\s*(?:\*\*)?\s*(?:is\b\s*:?|:)\s*(?:\*\*)?\s*", re.IGNORECASE)
+# The answer right after a statement: a math span ($...$, $$...$$, \(...\), \[...\]) ...
+_STATED_MATH = re.compile(r"\$\$(.{1,500}?)\$\$|\$(.{1,500}?)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.DOTALL)
+# ... or one bare token ("12,000,023.", "2/3"): prose ("the volume is 120") is not read as an answer.
+_STATED_TOKEN = re.compile(r"([^\s$]+?)[.,;:*]*(?=\s|$)")
+_NO_LETTERS = re.compile(r"[^A-Za-z]*")
+
+
+def stated_answer(text: str, truncated: bool = False) -> str | None:
+    """The answer after the last "final answer is" / "the answer is" / "Final Answer:" of ``text``:
+    the math span that follows it, else the single token that follows it if it has no letters (a
+    number or a formula such as ``2/3``), else None. A ``truncated`` completion's trailing token
+    may be cut short ("12" of "125"), so there only a closed math span counts."""
+    statements = list(_STATEMENT.finditer(text))
+    if not statements:
+        return None
+    rest = text[statements[-1].end() :]
+    math = _STATED_MATH.match(rest)
+    if math is not None:
+        answer = next(group for group in math.groups() if group is not None).strip()
+        return answer or None
+    token = _STATED_TOKEN.match(rest)
+    if token is None or not _NO_LETTERS.fullmatch(token.group(1)):
+        return None
+    if truncated and token.end() == len(rest):
+        return None
+    return token.group(1)
 
 
 class BoxedMathBenchmark:
@@ -32,9 +65,14 @@ class BoxedMathBenchmark:
         return self.PROMPT_TEMPLATE.format(question=problem.question)
 
     def extract_answer(self, completion: str, truncated: bool = False) -> str | None:
-        """The content of the last ``\\boxed{}``, or None. ``\\boxed{}`` is an explicit marker, so a
-        truncated completion (``truncated``) is read the same way."""
-        return extract_boxed(completion)
+        """The boxed answer (the last run of ``\\boxed{}``, ``verify.boxed_answer``), else the answer
+        stated after the last "final answer is" / "the answer is" (``stated_answer``), else None.
+        Both are explicit markers, so a truncated completion (``truncated``) is read the same way,
+        except for a bare token at its very end."""
+        boxed = boxed_answer(completion)
+        if boxed is not None:
+            return boxed
+        return stated_answer(completion, truncated=truncated)
 
     def verify_answer(self, answer: str | None, problem: Problem) -> float | None:
         """1.0 / 0.0 from math-verify for an extracted ``answer`` against the gold (0.0 for None);

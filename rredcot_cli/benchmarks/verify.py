@@ -54,6 +54,19 @@ _WORKER_START_TIMEOUT_S = 120.0
 _BOXED = "\\boxed"
 _error_reported = False  # math_equal logs its first internal error only
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
+# What may stand between two boxes of one answer (``_boxed_run``): spacing, math delimiters,
+# commas, "and"/"or" (bare or in \text{}), and a short label such as "x_2 =". Prose is not allowed:
+# "\boxed{200} so the total is \boxed{455}" is a result and then the answer, not a two-part answer.
+_RUN_GAP = re.compile(
+    r"(?:\s|[,;&$]|\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\\\|\\[\[\]()]|\b(?:and|or)\b"
+    r"|\\(?:text|textrm|mathrm)\{\s*,?\s*(?:and|or)?\s*\}|[A-Za-z](?:_\{?\w{1,3}\}?)?\s?=)*"
+)
+_MAX_RUN_GAP = 80  # characters; keeps the gap check short on long completions
+# A plain decimal number (thousands commas allowed), the only kind of gold or answer the percent
+# rule touches.
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+# A percent sign (or word) ending an answer: "20\%", "20%", "20 \text{\%}", "20 percent".
+_PERCENT_SUFFIX = re.compile(r"\s*(?:\\?%|\\text\{\s*\\?%\s*\}|\\(?:text|mbox)\{\s*percent\s*\}|percent)\s*$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -61,16 +74,10 @@ _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 # --------------------------------------------------------------------------------------------
 
 
-def _boxed_span(text: str) -> tuple[int, int, int] | None:
-    """(start of ``\\boxed``, start of content, end of content) of the last balanced ``\\boxed{...}``.
-
-    Escaped braces (``\\{``, ``\\}``) do not count. If the last ``\\boxed`` is not closed (a
-    truncated completion), the one before it is used, and so on. One linear pass over ``text``.
-    """
-    opens = list(_BOXED_OPEN.finditer(text))
-    if not opens:
-        return None
-    closing: dict[int, int] = {}  # index of "{" -> index of its matching "}"
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of every balanced ``{`` -> index of its ``}``; escaped braces (``\\{``, ``\\}``) do not
+    count. One linear pass over ``text``."""
+    closing: dict[int, int] = {}
     stack: list[int] = []
     i, n = 0, len(text)
     while i < n:
@@ -83,11 +90,32 @@ def _boxed_span(text: str) -> tuple[int, int, int] | None:
         elif ch == "}" and stack:
             closing[stack.pop()] = i
         i += 1
-    for match in reversed(opens):
+    return closing
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, int]]:
+    """(start of ``\\boxed``, start of content, end of content) of every closed ``\\boxed{...}``, in
+    the order they open; a ``\\boxed{`` never closed (a truncated completion) is left out."""
+    opens = list(_BOXED_OPEN.finditer(text))
+    if not opens:
+        return []
+    closing = _closing_braces(text)
+    spans = []
+    for match in opens:
         brace = match.end() - 1
         if brace in closing:
-            return match.start(), brace + 1, closing[brace]
-    return None
+            spans.append((match.start(), brace + 1, closing[brace]))
+    return spans
+
+
+def _boxed_span(text: str) -> tuple[int, int, int] | None:
+    """(start of ``\\boxed``, start of content, end of content) of the last balanced ``\\boxed{...}``.
+
+    Escaped braces (``\\{``, ``\\}``) do not count. If the last ``\\boxed`` is not closed (a
+    truncated completion), the one before it is used, and so on.
+    """
+    spans = _boxed_spans(text)
+    return spans[-1] if spans else None
 
 
 def extract_boxed(text: str) -> str | None:
@@ -102,9 +130,43 @@ def extract_boxed(text: str) -> str | None:
     return text[span[1] : span[2]].strip()
 
 
+def _boxed_run(text: str) -> list[tuple[int, int, int]]:
+    """The spans of the last run of boxes: the last ``\\boxed{}`` and the boxes right before it that
+    only connectors separate from it (``\\boxed{2}, \\boxed{3}``, ``\\boxed{a} \\quad\\text{and}\\quad
+    \\boxed{b}``, ``x_1 = \\boxed{a}\\) and \\(x_2 = \\boxed{b}``); boxes with prose between them are
+    separate statements, and only the last one counts."""
+    spans = _boxed_spans(text)
+    if not spans:
+        return []
+    run = [spans[-1]]
+    for span in reversed(spans[:-1]):
+        gap_start, gap_end = span[2] + 1, run[0][0]
+        if gap_start > gap_end or gap_end - gap_start > _MAX_RUN_GAP:
+            break  # a box around the run, or prose between
+        if not _RUN_GAP.fullmatch(text, gap_start, gap_end):
+            break
+        run.insert(0, span)
+    return run
+
+
+def boxed_answer(text: str) -> str | None:
+    """The boxed final answer of ``text``: the content of its last run of boxes (``_boxed_run``),
+    joined with ``", "`` when there are several (math-verify reads the join as a set), or None.
+
+    >>> boxed_answer(r"x = \\boxed{2} \\text{ or } x = \\boxed{3}.")
+    '2, 3'
+    >>> boxed_answer(r"first \\boxed{1}; then, after more work, \\boxed{4}.")
+    '4'
+    """
+    run = _boxed_run(text)
+    if not run:
+        return None
+    return ", ".join(text[start:end].strip() for _, start, end in run)
+
+
 def _prediction_snippet(pred_text: str, max_chars: int) -> str | None:
     """The bounded part of a completion handed to the parser; None if the boxed answer is too long."""
-    boxed = extract_boxed(pred_text)
+    boxed = boxed_answer(pred_text)
     if boxed is not None:
         if len(boxed) > max_chars:
             return None
@@ -137,30 +199,63 @@ def _math_verify():
     return math_verify
 
 
+def _parse(mv, text: str, extraction_config: list) -> list:
+    return mv.parse(text, extraction_config=extraction_config, parsing_timeout=None)
+
+
 def _check(gold: str, pred_text: str, max_chars: int = MAX_PARSE_CHARS) -> bool | None:
-    """math-verify's verdict for ``pred_text`` against ``gold``, without any time limit.
+    """math-verify's verdict for ``pred_text`` against ``gold``, without any time limit, widened by
+    the percent rule (``_percent_equal``).
 
     None when the gold itself cannot be extracted (a broken benchmark row).
     """
     mv = _math_verify()
-    gold_parsed = mv.parse(
-        _gold_snippet(gold),
-        extraction_config=[mv.LatexExtractionConfig(), mv.ExprExtractionConfig()],
-        parsing_timeout=None,
-    )
+    gold_parsed = _parse(mv, _gold_snippet(gold), [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()])
     if not gold_parsed:
         return None
     snippet = _prediction_snippet(pred_text, max_chars)
     if snippet is None:
         return False
-    pred_parsed = mv.parse(
-        snippet,
-        extraction_config=[mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()],
-        parsing_timeout=None,
-    )
-    if not pred_parsed:
+    pred_parsed = _parse(mv, snippet, [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()])
+    if pred_parsed and mv.verify(gold_parsed, pred_parsed, timeout_seconds=None):
+        return True
+    answer = boxed_answer(pred_text)
+    return answer is not None and _percent_equal(mv, gold, answer)
+
+
+def _without_percent(text: str) -> str | None:
+    """The plain number of ``text`` when it is one followed by a percent sign ("20\\%" -> "20"), else None."""
+    text = text.strip().strip("$").strip()
+    match = _PERCENT_SUFFIX.search(text)
+    if match is None:
+        return None
+    number = text[: match.start()].strip()
+    return number if _PLAIN_NUMBER.fullmatch(number) else None
+
+
+def _percent_equal(mv, gold: str, answer: str) -> bool:
+    """True when gold and answer are the same plain number and one of them carries a percent sign.
+
+    math-verify reads ``\\boxed{20\\%}`` as 0.2 and so rejects it against a gold ``20`` (and ``\\boxed{20}``
+    against a gold ``20\\%``). GSM8K golds are plain numbers even when the question asks "what
+    percent"; Hendrycks' MATH ``is_equiv``, lm-eval's MATH tasks and Qwen2.5-Math's grader all drop
+    ``\\%`` from both sides before comparing. Only plain numbers are touched, so ``0.2`` against
+    ``20\\%`` stays as math-verify decides it.
+    """
+    gold = gold.strip().strip("$").strip()
+    answer = answer.strip().strip("$").strip()
+    if _PLAIN_NUMBER.fullmatch(gold):
+        gold_number, answer_number = gold, _without_percent(answer)
+    elif _PLAIN_NUMBER.fullmatch(answer):
+        gold_number, answer_number = _without_percent(gold), answer
+    else:
         return False
-    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    if gold_number is None or answer_number is None:
+        return False
+    config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    gold_parsed = _parse(mv, "\\boxed{" + gold_number + "}", config)
+    answer_parsed = _parse(mv, "\\boxed{" + answer_number + "}", config)
+    return bool(gold_parsed and answer_parsed and mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
 # --------------------------------------------------------------------------------------------
