@@ -21,7 +21,10 @@ from rredcot_cli.benchmarks.verify import boxed_answer, math_equal
 # Qwen2.5-Math's and DeepSeekMath's graders read when there is no box).
 _STATEMENT = re.compile(r"\b(?:final\s+answer|the\s+answer)\s*(?:\*\*)?\s*(?:is\b\s*:?|:)\s*(?:\*\*)?\s*", re.IGNORECASE)
 # The answer right after a statement: a math span ($...$, $$...$$, \(...\), \[...\]) ...
-_STATED_MATH = re.compile(r"\$\$(.{1,500}?)\$\$|\$(.{1,500}?)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.DOTALL)
+# (an escaped \$ inside is a dollar sign, not the closing delimiter).
+_STATED_MATH = re.compile(
+    r"\$\$(.{1,500}?)(?<!\\)\$\$|\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.DOTALL
+)
 # ... or one bare token ("12,000,023.", "2/3"): prose ("the volume is 120") is not read as an answer.
 _STATED_TOKEN = re.compile(r"([^\s$]+?)[.,;:*]*(?=\s|$)")
 _NO_LETTERS = re.compile(r"[^A-Za-z]*")
