@@ -6,7 +6,9 @@ One extraction: ``verify`` grades the answer ``extract_answer`` returns, wrapped
 ``\\boxed{answer}`` for math-verify, and nothing else; math-verify is never handed the whole
 completion, whose own extraction (it favours phrases such as "the answer: 12" over the last
 number) would grade another answer than the one recorded in ``pred_answer`` and voted on by
-maj@k. No answer scores 0.0.
+maj@k. The answer is the boxed one (the last run of ``\\boxed{}``), else one stated after "final
+answer is" / "the answer is" (``stated_answer``); the grading decisions and their evidence are in
+``rredcot_cli.benchmarks.verify``'s docstring. No answer scores 0.0.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from rredcot_cli.benchmarks.verify import boxed_answer, math_equal
 
 # An explicit statement of the final answer without a box: "The final answer is $x$", "the
 # answer is 12.", "Final Answer: $\frac{1}{2}$" (lm-eval's minerva_math format and the phrases
-# Qwen2.5-Math's and DeepSeekMath's graders read when there is no box).
+# Qwen2.5-Math's grader reads when there is no box); why, in verify.py's "Grading decisions".
 _STATEMENT = re.compile(r"\b(?:final\s+answer|the\s+answer)\s*(?:\*\*)?\s*(?:is\b\s*:?|:)\s*(?:\*\*)?\s*", re.IGNORECASE)
 # The answer right after a statement: a math span ($...$, $$...$$, \(...\), \[...\]) ...
 # (an escaped \$ inside is a dollar sign, not the closing delimiter).

@@ -9,10 +9,12 @@ picks e.g. the 12 of "the answer:\\n12 - 5 = 6" where the benchmark records 6). 
 1. parses the gold answer first, wrapped in ``\\boxed{...}`` unless it already holds a ``\\boxed``
    or ``$``, with ``LatexExtractionConfig()`` + ``ExprExtractionConfig()``;
 2. parses the prediction with ``LatexExtractionConfig(boxed_match_priority=0)`` +
-   ``ExprExtractionConfig()``; only a bounded piece of the completion is parsed: the last
-   ``\\boxed{...}`` when there is one, otherwise the last ``MAX_PARSE_CHARS`` characters;
+   ``ExprExtractionConfig()``; only a bounded piece of the completion is parsed: its boxed
+   answer (``boxed_answer``: the last ``\\boxed{...}``, or last run of boxes) when there is one,
+   otherwise the last ``MAX_PARSE_CHARS`` characters;
 3. calls ``verify(gold, pred)`` in that order (math-verify is asymmetric: the gold guides the
-   interpretation of the prediction).
+   interpretation of the prediction);
+4. when that says no, applies the percent rule (decision 1 below).
 
 math-verify's own timeouts use ``signal.alarm``, which only works in the main thread, so they are
 disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and the whole check runs under our
@@ -29,6 +31,51 @@ own deadline instead:
 
 A timeout, or an exception escaping math-verify, gives ``None`` (unscorable); a prediction with
 no parsable answer gives ``False``.
+
+Grading decisions
+-----------------
+Made on real completions and labels nobody here made (issue 38, item 8); the numbers are kept by
+tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_grading_decisions.py.
+
+1. **A percent sign on a plain number does not make it wrong** (``_percent_equal``).
+   ``\\boxed{20\\%}`` (also ``20%``, ``20 \\text{\\%}``, ``20 percent``) matches a gold ``20``, and
+   ``\\boxed{20}`` a gold ``20\\%``, when the other side is a plain decimal number; math-verify
+   reads ``20\\%`` as 0.2 and rejects both. Why: GSM8K golds are plain numbers, yet 75 GSM8K
+   solutions (59 train, 16 test) end in "... = 20%." before "#### 20", so a model that learnt
+   from them boxes ``20\\%``; Hendrycks' MATH ``is_equiv``, lm-eval's MATH tasks and
+   Qwen2.5-Math's grader all drop ``\\%`` from both sides before comparing. Only plain numbers are
+   widened: against ``\\frac{1}{5}`` or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides,
+   and ``21\\%`` is still wrong. Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the
+   off-by-one ones 75/75 rejected.
+2. **Several boxes: the last run of boxes is the answer** (``boxed_answer``). Boxes that only
+   connectors separate (spacing, ``$``, ``\\quad``, commas, "and"/"or", a label such as
+   ``x_2 =``) are one answer, joined with ", ", which math-verify reads as a set (as it does
+   itself for ``\\boxed{a}, \\boxed{b}``); a box, then prose, then a box is an intermediate result
+   and the answer, and only the last box counts, as in lm-eval's MATH tasks
+   (``last_boxed_only_string``) and Qwen2.5-Math's grader (the text after the last "boxed"). Why: real outputs with several boxes are multi-part
+   answers (``\\boxed{(2, 2)} \\quad\\text{and}\\quad \\boxed{(6, 2)}`` for gold ``(2, 2), (6, 2)``),
+   one answer restated (all 8 MATH-500 gold solutions with two boxes; test/number_theory/459
+   writes ``\\boxed{15\\frac{39}{40}},$ or $\\boxed{\\frac{639}{40}}``, equal values, so the set is
+   one value), or intermediate results boxed on the way. The last box alone agreed with 4 of
+   Math-Verify's 16 graded several-box cases and rewarded a hedge (``\\boxed{2} or \\boxed{3}``
+   against 3); the run agrees with 14/16, still accepts all 500 MATH-500 gold solutions, and
+   rejects a hedge (the set {2, 3} is not 3).
+3. **An unboxed MATH answer is read only after an explicit statement**
+   (``boxed.stated_answer``). Without a box, the answer is what follows the last "final answer
+   is" / "the answer is" / "Final Answer:": the ``$...$``, ``\\(...\\)`` or ``\\[...\\]`` right
+   after it, or a single token with no letters ("12,000,023.", "2/3"); prose after it, or no
+   statement, is no answer (0.0). Why: that is lm-eval minerva_math's format ("Final Answer: The
+   final answer is $X$. I hope it is correct.") and the phrases Qwen2.5-Math's grader reads
+   when there is no box ("he answer is", "final answer is"). Math-Verify's graded stated-answer cases: 1/12 before, 8/12
+   now; the 500 MATH-500 gold solutions rewritten without a box and ending in the minerva line:
+   0/500 accepted before, 500/500 now. No last-number or last-``$...$`` fallback (Qwen's
+   ``use_last_number``): it grades whatever quantity comes last, so the same 500 solutions stating
+   the next problem's answer after a body that still holds the right one would pass it, and
+   they are all rejected. A truncated completion's trailing bare token may be cut short ("12" of
+   "125"), so there only a closed math span counts.
+
+GSM8K keeps its own order (box, "####" / "final answer is", last number) and shares 1 and 2;
+``jsonl`` with ``extractor=boxed`` shares 2, and with ``verifier=math_verify`` shares 1.
 """
 
 from __future__ import annotations
@@ -470,9 +517,9 @@ def math_equal(gold: str, pred_text: str, timeout_s: float = 5.0, max_chars: int
     """Whether the final answer in ``pred_text`` equals ``gold`` according to math-verify.
 
     ``gold`` is a bare answer (``"70000"``, ``"\\frac{1}{2}"``, ``"(3,4]"``) or already marked-up
-    text; ``pred_text`` is a whole completion. Only its last ``\\boxed{...}`` is parsed (a boxed
-    answer longer than ``max_chars`` counts as wrong), or, without one, its last ``max_chars``
-    characters. Returns True/False, or None when the check ran past ``timeout_s`` seconds, raised
+    text; ``pred_text`` is a whole completion. Only its boxed answer (``boxed_answer``) is parsed
+    (one longer than ``max_chars`` counts as wrong), or, without one, its last ``max_chars``
+    characters; a plain-number answer and gold that differ only by a percent sign are equal. Returns True/False, or None when the check ran past ``timeout_s`` seconds, raised
     an error, or the gold answer could not be extracted. Safe to call from any thread; returns
     within ``timeout_s`` (``timeout_s + 0.5`` s off the main thread).
     """
