@@ -21,21 +21,23 @@ from rredcot_cli.benchmarks.verify import boxed_answer, math_equal
 # An explicit statement of the final answer without a box: "The final answer is $x$", "the
 # answer is 12.", "Final Answer: $\frac{1}{2}$" (lm-eval's minerva_math format and the phrases
 # Qwen2.5-Math's grader reads when there is no box); why, in verify.py's "Grading decisions".
-_STATEMENT = re.compile(r"\b(?:final\s+answer|the\s+answer)\s*(?:\*\*)?\s*(?:is\b\s*:?|:)\s*(?:\*\*)?\s*", re.IGNORECASE)
+# (No two \s* side by side before "is"/":": a long run of spaces must not backtrack quadratically.)
+_STATEMENT = re.compile(r"\b(?:final\s+answer|the\s+answer)\s*(?:\*\*\s*)?(?:is\b\s*:?|:)\s*(?:\*\*\s*)?", re.IGNORECASE)
 # The answer right after a statement: a math span ($...$, $$...$$, \(...\), \[...\]) ...
 # (an escaped \$ inside is a dollar sign, not the closing delimiter).
 _STATED_MATH = re.compile(
     r"\$\$(.{1,500}?)(?<!\\)\$\$|\$(.{1,500}?)(?<!\\)\$|\\\((.{1,500}?)\\\)|\\\[(.{1,500}?)\\\]", re.DOTALL
 )
-# ... or one bare token ("12,000,023.", "2/3"): prose ("the volume is 120") is not read as an answer.
-_STATED_TOKEN = re.compile(r"([^\s$]+?)[.,;:*]*(?=\s|$)")
-_NO_LETTERS = re.compile(r"[^A-Za-z]*")
+# ... or one bare token with a digit and no letters ("12,000,023.", "2/3"): prose ("the volume is
+# 120") is not read as an answer.
+_STATED_TOKEN = re.compile(r"([^\s$]{1,200}?)[.,;:*]*(?=\s|$)")
+_NUMBER_LIKE = re.compile(r"[^A-Za-z]*\d[^A-Za-z]*")  # a digit, and no letters
 
 
 def stated_answer(text: str, truncated: bool = False) -> str | None:
     """The answer after the last "final answer is" / "the answer is" / "Final Answer:" of ``text``:
-    the math span that follows it, else the single token that follows it if it has no letters (a
-    number or a formula such as ``2/3``), else None. A ``truncated`` completion's trailing token
+    the math span that follows it, else the single token that follows it if it has digits and no
+    letters (a number or a formula such as ``2/3``), else None. A ``truncated`` completion's trailing token
     may be cut short ("12" of "125"), so there only a closed math span counts."""
     statements = list(_STATEMENT.finditer(text))
     if not statements:
@@ -46,7 +48,7 @@ def stated_answer(text: str, truncated: bool = False) -> str | None:
         answer = next(group for group in math.groups() if group is not None).strip()
         return answer or None
     token = _STATED_TOKEN.match(rest)
-    if token is None or not _NO_LETTERS.fullmatch(token.group(1)):
+    if token is None or not _NUMBER_LIKE.fullmatch(token.group(1)):
         return None
     if truncated and token.end() == len(rest):
         return None

@@ -185,15 +185,15 @@ def _boxed_run(text: str) -> list[tuple[int, int, int]]:
     spans = _boxed_spans(text)
     if not spans:
         return []
-    run = [spans[-1]]
+    run = [spans[-1]]  # built from the last box backwards
     for span in reversed(spans[:-1]):
-        gap_start, gap_end = span[2] + 1, run[0][0]
+        gap_start, gap_end = span[2] + 1, run[-1][0]
         if gap_start > gap_end or gap_end - gap_start > _MAX_RUN_GAP:
             break  # a box around the run, or prose between
         if not _RUN_GAP.fullmatch(text, gap_start, gap_end):
             break
-        run.insert(0, span)
-    return run
+        run.append(span)
+    return run[::-1]
 
 
 def boxed_answer(text: str) -> str | None:
