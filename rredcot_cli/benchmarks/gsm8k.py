@@ -3,9 +3,9 @@
 Rows have ``question`` and ``answer`` (a worked solution ending in ``#### <number>``); the gold is
 the number after ``####`` with thousands separators removed. The answer of a completion is, in
 this order: the boxed answer (the content of the last ``\\boxed{}``, or of the last run of boxes
-that only connectors separate, as in ``rredcot_cli.benchmarks.verify``); else the number after the last explicit
-final-answer marker (``####`` or ``final answer is``/``final answer:``, case-insensitive); else
-the last number of the completion. That one answer is recorded as ``pred_answer`` and checked
+that only connectors separate, ``verify.boxed_answer``); else the number after the last
+explicit final-answer marker (``####`` or ``final answer is``/``final answer:``,
+case-insensitive); else the last number of the completion. That one answer is recorded as ``pred_answer`` and checked
 with math-verify (``rredcot_cli.benchmarks.verify.math_equal``) against the gold.
 
 A completion cut off at the token budget (``truncated``: ``finish_reason == "length"``) has not

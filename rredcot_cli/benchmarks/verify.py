@@ -52,27 +52,33 @@ tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_gr
    ``x_2 =``) are one answer, joined with ", ", which math-verify reads as a set (as it does
    itself for ``\\boxed{a}, \\boxed{b}``); a box, then prose, then a box is an intermediate result
    and the answer, and only the last box counts, as in lm-eval's MATH tasks
-   (``last_boxed_only_string``) and Qwen2.5-Math's grader (the text after the last "boxed"). Why: real outputs with several boxes are multi-part
-   answers (``\\boxed{(2, 2)} \\quad\\text{and}\\quad \\boxed{(6, 2)}`` for gold ``(2, 2), (6, 2)``),
-   one answer restated (all 8 MATH-500 gold solutions with two boxes; test/number_theory/459
-   writes ``\\boxed{15\\frac{39}{40}},$ or $\\boxed{\\frac{639}{40}}``, equal values, so the set is
-   one value), or intermediate results boxed on the way. The last box alone agreed with 4 of
+   (``last_boxed_only_string``) and Qwen2.5-Math's grader (the text after the last "boxed").
+   Why: real outputs with several boxes are multi-part answers (``\\boxed{(2, 2)} \\quad
+   \\text{and}\\quad \\boxed{(6, 2)}`` for gold ``(2, 2), (6, 2)``), one answer restated (all 8
+   MATH-500 gold solutions with two boxes; test/number_theory/459 writes
+   ``\\boxed{15\\frac{39}{40}},$ or $\\boxed{\\frac{639}{40}}``, equal values, so the set is one
+   value), or intermediate results boxed on the way. The last box alone agreed with 4 of
    Math-Verify's 16 graded several-box cases and rewarded a hedge (``\\boxed{2} or \\boxed{3}``
    against 3); the run agrees with 14/16, still accepts all 500 MATH-500 gold solutions, and
    rejects a hedge (the set {2, 3} is not 3).
 3. **An unboxed MATH answer is read only after an explicit statement**
    (``boxed.stated_answer``). Without a box, the answer is what follows the last "final answer
    is" / "the answer is" / "Final Answer:": the ``$...$``, ``\\(...\\)`` or ``\\[...\\]`` right
-   after it, or a single token with no letters ("12,000,023.", "2/3"); prose after it, or no
-   statement, is no answer (0.0). Why: that is lm-eval minerva_math's format ("Final Answer: The
-   final answer is $X$. I hope it is correct.") and the phrases Qwen2.5-Math's grader reads
-   when there is no box ("he answer is", "final answer is"). Math-Verify's graded stated-answer cases: 1/12 before, 8/12
-   now; the 500 MATH-500 gold solutions rewritten without a box and ending in the minerva line:
-   0/500 accepted before, 500/500 now. No last-number or last-``$...$`` fallback (Qwen's
-   ``use_last_number``): it grades whatever quantity comes last, so the same 500 solutions stating
-   the next problem's answer after a body that still holds the right one would pass it, and
-   they are all rejected. A truncated completion's trailing bare token may be cut short ("12" of
-   "125"), so there only a closed math span counts.
+   after it, or a single token with digits and no letters ("12,000,023.", "2/3"); prose after
+   it, or no statement, is no answer (0.0). Why: that is lm-eval minerva_math's format ("Final
+   Answer: The final answer is $X$. I hope it is correct.") and the phrases Qwen2.5-Math's
+   grader reads when there is no box ("he answer is", "final answer is"). Math-Verify's graded
+   stated-answer cases: 1/12 before, 8/12 now; the 500 MATH-500 gold solutions rewritten
+   without a box and ending in the minerva line: 0/500 accepted before, 500/500 now, and all
+   500 rejected when the line states the next problem's answer (the body still holds the right
+   one: the statement is graded, not the text before it). No last-number or last-``$...$``
+   fallback (Qwen's ``use_last_number``) when nothing is stated: it grades whatever quantity
+   comes last. On 32 real completions of the shipped SmolLM2-135M-Instruct to the first 16
+   MATH-500 test problems (2 each, T=1.0, 256 tokens; 30 without a box, none right), a
+   last-``$...$`` fallback accepts one, test/number_theory/737 (gold 284), which echoes the
+   question's ``$284$`` and then rambles; the stated-answer rule accepts none. A truncated
+   completion's trailing bare token may be cut short ("12" of "125"), so there only a closed
+   math span counts.
 
 GSM8K keeps its own order (box, "####" / "final answer is", last number) and shares 1 and 2;
 ``jsonl`` with ``extractor=boxed`` shares 2, and with ``verifier=math_verify`` shares 1.

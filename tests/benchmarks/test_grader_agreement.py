@@ -16,8 +16,8 @@ Three labelled sets, all public, licences checked:
 * MATH-500 (MIT, ``rredcot_cli/data/math500/LICENSE``): every gold solution with its boxes taken
   off and a last line in lm-eval's minerva_math format ("Final Answer: The final answer is
   $<answer>$. I hope it is correct.") is labelled right; the same solution stating the next
-  problem's (different) answer is labelled wrong (its body still holds the right answer, unboxed, so a
-  last-number or last-``$...$`` fallback would accept it).
+  problem's (different) answer is labelled wrong (its body still holds the right answer, unboxed:
+  the statement must be graded, not the text before it).
 
 Measured (2 cores, about 40 s), main at 9706c73 -> this branch:
 
