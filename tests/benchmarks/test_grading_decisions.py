@@ -7,7 +7,8 @@
 3. An unboxed MATH answer is read after an explicit "final answer is" / "the answer is", and from
    nowhere else (no last number, no last ``$...$``).
 
-Hand-written by the rredcot authors (no third-party data). The labelled agreement on public data is
+Hand-written by the rredcot authors, plus one completion of the shipped SmolLM2-135M-Instruct
+(Apache-2.0 model; the output is ours). The labelled agreement on public data is
 in test_grader_agreement.py.
 """
 
@@ -110,6 +111,24 @@ def test_stated_unboxed_answer_is_read(completion, gold):
 ])
 def test_unboxed_answer_without_a_correct_statement_scores_zero(completion, gold):
     assert make_benchmark("math500").verify(completion, _problem(gold)) == 0.0
+
+
+# A real completion of the shipped SmolLM2-135M-Instruct (rredcot sample, benchmark=math500, seed 0,
+# T=1.0, 256 tokens) to MATH-500 test/number_theory/737, gold 284: it only echoes the question's
+# number. A last-$...$ fallback would reward it; no statement, so no answer.
+SMOLLM2_ECHO = (
+    "To find the sum of the proper divisors of $284$, let's start by finding the sum of the proper divisors of "
+    "each of those integers which are expressed as a product of the grand prime factorizations characterisitcally "
+    "restricted results of other mathematical integers.\n\nlooking at numbers that are powers of 2 divide another "
+    "sum of their proper divisors within the condition of only these two numbers raise their absolute value 2 and "
+    "remainder of 6.\n\nA sum of multiplicative rotational sum."
+)
+
+
+def test_real_completion_echoing_the_question_scores_zero():
+    bench = make_benchmark("math500")
+    assert bench.extract_answer(SMOLLM2_ECHO) is None
+    assert bench.verify(SMOLLM2_ECHO, _problem("284")) == 0.0
 
 
 def test_a_box_comes_before_a_statement():
