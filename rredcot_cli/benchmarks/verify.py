@@ -42,10 +42,10 @@ tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_gr
    ``\\boxed{20}`` a gold ``20\\%``, when the other side is a plain decimal number; math-verify
    reads ``20\\%`` as 0.2 and rejects both. Why: GSM8K golds are plain numbers, yet 75 GSM8K
    solutions (59 train, 16 test) end in "... = 20%." before "#### 20", so a model that learnt
-   from them boxes ``20\\%``; Hendrycks' MATH ``is_equiv``, lm-eval's MATH tasks and
-   Qwen2.5-Math's grader all drop ``\\%`` from both sides before comparing. Only plain numbers are
-   widened: against ``\\frac{1}{5}`` or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides,
-   and ``21\\%`` is still wrong. Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the
+   from them boxes ``20\\%``; Hendrycks' MATH ``is_equiv``, OpenAI's PRM800K grader
+   (``grading/grader.py``), lm-eval's MATH tasks and Qwen2.5-Math's grader all drop ``\\%``
+   from both sides before comparing. Only plain numbers are widened: against ``\\frac{1}{5}``
+   or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides, and ``21\\%`` is still wrong. Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the
    off-by-one ones 75/75 rejected.
 2. **Several boxes: the last run of boxes is the answer** (``boxed_answer``). Boxes that only
    connectors separate (spacing, ``$``, ``\\quad``, commas, "and"/"or", a label such as
