@@ -45,8 +45,8 @@ tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_gr
    from them boxes ``20\\%``; Hendrycks' MATH ``is_equiv``, OpenAI's PRM800K grader
    (``grading/grader.py``), lm-eval's MATH tasks and Qwen2.5-Math's grader all drop ``\\%``
    from both sides before comparing. Only plain numbers are widened: against ``\\frac{1}{5}``
-   or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides, and ``21\\%`` is still wrong. Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the
-   off-by-one ones 75/75 rejected.
+   or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides, and ``21\\%`` is still wrong.
+   Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the off-by-one ones 75/75 rejected.
 2. **Several boxes: the last run of boxes is the answer** (``boxed_answer``). Boxes that only
    connectors separate (spacing, ``$``, ``\\quad``, commas, "and"/"or", a label such as
    ``x_2 =``) are one answer, joined with ", ", which math-verify reads as a set (as it does
