@@ -34,12 +34,26 @@ _STATED_TOKEN = re.compile(r"([^\s$]{1,200}?)[.,;:*]*(?=\s|$)")
 _NUMBER_LIKE = re.compile(r"[^A-Za-z]*\d[^A-Za-z]*")  # a digit, and no letters
 
 
+# PRM800K's format (OpenAI's GPT-4 MATH solutions): a "# Answer" heading, then the answer alone on
+# its line ("...\n\n# Answer\n\n320,000"); the whole line is the answer.
+_ANSWER_HEADING = re.compile(r"^\#{1,6}[ \t]*answer[ \t]*:?[ \t]*\n\s*([^\n]{1,300})(\n|$)", re.IGNORECASE | re.MULTILINE)
+
+
 def stated_answer(text: str, truncated: bool = False) -> str | None:
     """The answer after the last "final answer is" / "the answer is" / "Final Answer:" of ``text``:
     the math span that follows it, else the single token that follows it if it has digits and no
-    letters (a number or a formula such as ``2/3``), else None. A ``truncated`` completion's trailing token
-    may be cut short ("12" of "125"), so there only a closed math span counts."""
+    letters (a number or a formula such as ``2/3``), else None; or, when a "# Answer" heading comes
+    later, the line under it. A ``truncated`` completion's trailing token or line may be cut short
+    ("12" of "125"), so there only a closed math span, or a finished line, counts."""
     statements = list(_STATEMENT.finditer(text))
+    headings = list(_ANSWER_HEADING.finditer(text))
+    if headings and (not statements or headings[-1].start() > statements[-1].start()):
+        line = headings[-1]
+        if truncated and not line.group(2):
+            return None
+        answer = line.group(1).strip()
+        math = _STATED_MATH.fullmatch(answer)
+        return next(group for group in math.groups() if group is not None).strip() if math else answer
     if not statements:
         return None
     rest = text[statements[-1].end() :]

@@ -65,11 +65,12 @@ tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_gr
    (``boxed.stated_answer``). Without a box, the answer is what follows the last "final answer
    is" / "the answer is" / "Final Answer:": the ``$...$``, ``\\(...\\)`` or ``\\[...\\]`` right
    after it, or a single token with digits and no letters ("12,000,023.", "2/3"); prose after
-   it, or no statement, is no answer (0.0). Why: that is lm-eval minerva_math's format ("Final
-   Answer: The final answer is $X$. I hope it is correct.") and the phrases Qwen2.5-Math's
-   grader reads when there is no box ("he answer is", "final answer is"). Math-Verify's graded
-   stated-answer cases: 1/12 before, 8/12 now; the 500 MATH-500 gold solutions rewritten
-   without a box and ending in the minerva line: 0/500 accepted before, 500/500 now, and all
+   it, or no statement, is no answer (0.0); a later "# Answer" heading gives the line under it.
+   Why: that is lm-eval minerva_math's format ("Final Answer: The final answer is $X$. I hope
+   it is correct."), the phrases Qwen2.5-Math's grader reads when there is no box ("he answer
+   is", "final answer is"), and PRM800K's (OpenAI's GPT-4 MATH solutions end in "# Answer",
+   a blank line and the answer). Math-Verify's graded stated-answer cases: 1/12 before, 8/12
+   now; the 500 MATH-500 gold solutions rewritten without a box and ending in the minerva line: 0/500 accepted before, 500/500 now, and all
    500 rejected when the line states the next problem's answer (the body still holds the right
    one: the statement is graded, not the text before it). No last-number or last-``$...$``
    fallback (Qwen's ``use_last_number``) when nothing is stated: it grades whatever quantity

@@ -4,11 +4,11 @@
 2. Several boxes: the last run of boxes that only connectors separate is the answer (a multi-part
    answer, or one answer restated); a hedge ("\\boxed{2} or \\boxed{3}") is not rewarded; a box
    followed by prose and another box is an intermediate result, only the last box counts.
-3. An unboxed MATH answer is read after an explicit "final answer is" / "the answer is", and from
-   nowhere else (no last number, no last ``$...$``).
+3. An unboxed MATH answer is read after an explicit "final answer is" / "the answer is" or under a
+   "# Answer" heading, and from nowhere else (no last number, no last ``$...$``).
 
 Hand-written by the rredcot authors, plus one completion of the shipped SmolLM2-135M-Instruct
-(Apache-2.0 model; the output is ours). The labelled agreement on public data is
+(Apache-2.0 model; the output is ours) and one line quoted from openai/prm800k's README (MIT). The labelled agreement on public data is
 in test_grader_agreement.py.
 """
 
@@ -129,6 +129,22 @@ def test_real_completion_echoing_the_question_scores_zero():
     bench = make_benchmark("math500")
     assert bench.extract_answer(SMOLLM2_ECHO) is None
     assert bench.verify(SMOLLM2_ECHO, _problem("284")) == 0.0
+
+
+# The end of a real GPT-4 solution in PRM800K's format, quoted in the README of openai/prm800k (MIT
+# licence, Copyright 2023 OpenAI): the answer under a "# Answer" heading.
+PRM800K_END = (
+    "So, the greatest common factor is $2^9\\cdot 5^4 = 512\\cdot 625 = 320,\\!000$.\n\n# Answer\n\n320,000"
+)
+
+
+def test_answer_heading_line_is_read():
+    bench = make_benchmark("math500")
+    assert bench.verify(PRM800K_END, _problem("320000")) == 1.0
+    assert bench.verify(PRM800K_END, _problem("32000")) == 0.0
+    assert stated_answer(PRM800K_END, truncated=True) is None  # the line may be cut short
+    assert stated_answer("# Answer\n\n$\\frac{1}{2}$\n") == "\\frac{1}{2}"
+    assert stated_answer("The answer is $4$.\n\n# Answer\n\n5") == "5"  # the later one counts
 
 
 def test_a_box_comes_before_a_statement():
