@@ -74,12 +74,15 @@ tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_gr
    500 rejected when the line states the next problem's answer (the body still holds the right
    one: the statement is graded, not the text before it). No last-number or last-``$...$``
    fallback (Qwen's ``use_last_number``) when nothing is stated: it grades whatever quantity
-   comes last. On 32 real completions of the shipped SmolLM2-135M-Instruct to the first 16
-   MATH-500 test problems (2 each, T=1.0, 256 tokens; 30 without a box, none right), a
-   last-``$...$`` fallback accepts one, test/number_theory/737 (gold 284), which echoes the
-   question's ``$284$`` and then rambles; the stated-answer rule accepts none. A truncated
-   completion's trailing bare token may be cut short ("12" of "125"), so there only a closed
-   math span counts.
+   comes last. On 72 real completions of the shipped SmolLM2-135M-Instruct to MATH-500 test
+   problems (``rredcot sample``, T=1.0, 256 tokens: the first 16 twice at seed 0, the first 40
+   once at seed 1; 70 without a box, none right), a last-number fallback accepts one
+   (test/number_theory/627, gold 3: a wrong derivation ending ``$n + 2n = n + 3$``) and a
+   last-``$...$`` fallback another (test/number_theory/737, gold 284: it echoes the question's
+   ``$284$`` and rambles); the stated-answer rule reads two answers ("So the answer is
+   19.7098.", "So the final answer is $\\frac{85}{12.0 + 12.0} = 801.$"), both wrong, and
+   accepts none. A truncated completion's trailing bare token or answer line may be cut short
+   ("12" of "125"), so there only a closed math span or a finished line counts.
 
 GSM8K keeps its own order (box, "####" / "final answer is", last number) and shares 1 and 2;
 ``jsonl`` with ``extractor=boxed`` shares 2, and with ``verifier=math_verify`` shares 1.

@@ -7,7 +7,7 @@
 3. An unboxed MATH answer is read after an explicit "final answer is" / "the answer is" or under a
    "# Answer" heading, and from nowhere else (no last number, no last ``$...$``).
 
-Hand-written by the rredcot authors, plus one completion of the shipped SmolLM2-135M-Instruct
+Hand-written by the rredcot authors, plus two completions of the shipped SmolLM2-135M-Instruct
 (Apache-2.0 model; the output is ours) and one line quoted from openai/prm800k's README (MIT). The labelled agreement on public data is
 in test_grader_agreement.py.
 """
@@ -125,10 +125,16 @@ SMOLLM2_ECHO = (
 )
 
 
-def test_real_completion_echoing_the_question_scores_zero():
+# Another (seed 1) to test/number_theory/627, gold 3: a wrong derivation whose last number is 3. A
+# last-number fallback would reward it.
+SMOLLM2_LAST_NUMBER = "$n + 2 = 7 * m \\cdot n + m$\n$n + 2n = n + 2 * 7m$\n$n + 2n = n + 3$"
+
+
+@pytest.mark.parametrize("completion, gold", [(SMOLLM2_ECHO, "284"), (SMOLLM2_LAST_NUMBER, "3")])
+def test_real_unstated_completions_score_zero(completion, gold):
     bench = make_benchmark("math500")
-    assert bench.extract_answer(SMOLLM2_ECHO) is None
-    assert bench.verify(SMOLLM2_ECHO, _problem("284")) == 0.0
+    assert bench.extract_answer(completion) is None
+    assert bench.verify(completion, _problem(gold)) == 0.0
 
 
 # The end of a real GPT-4 solution in PRM800K's format, quoted in the README of openai/prm800k (MIT
