@@ -19,7 +19,7 @@ Three labelled sets, all public, licences checked:
   problem's (different) answer is labelled wrong (its body still holds the right answer, unboxed:
   the statement must be graded, not the text before it).
 
-Measured (2 cores, about 40 s), main at 9706c73 -> this branch:
+Measured (about 80 s on 2 shared cores), main at 9706c73 -> this branch:
 
 ==================================================  ==========  ==========
 set                                                  main        now
