@@ -73,6 +73,7 @@ def test_extract_boxed_returns_a_piece_of_the_text_or_none(text):
 CHAIN = make_benchmark("chain", min_steps=2, max_steps=4)
 CHAIN_PROBLEM = CHAIN.load("test", limit=1)[0]
 GSM8K = make_benchmark("gsm8k", verify_timeout_s=1.0)
+MATH500 = make_benchmark("math500", verify_timeout_s=1.0)
 
 
 @fuzz(500)
@@ -89,8 +90,11 @@ def test_synthetic_verifier_scores_any_completion(text):
 def test_math_verifier_answers_any_completion_in_time(text, gold):
     # True/False, or None (unscorable: timeout or parser error), never an exception or a hang.
     assert math_equal(gold, text, timeout_s=1.0) in (True, False, None)
-    answer = GSM8K.extract_answer(text)
-    assert answer is None or isinstance(answer, str)
+    for bench in (GSM8K, MATH500):
+        answer = bench.extract_answer(text)
+        assert answer is None or isinstance(answer, str)
+    # a truncated MATH completion is read the same way, or not at all (a bare token at its end)
+    assert MATH500.extract_answer(text, truncated=True) in (None, MATH500.extract_answer(text))
 
 
 # --------------------------------------------------------------------------- readers

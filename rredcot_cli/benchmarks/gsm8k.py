@@ -2,9 +2,10 @@
 
 Rows have ``question`` and ``answer`` (a worked solution ending in ``#### <number>``); the gold is
 the number after ``####`` with thousands separators removed. The answer of a completion is, in
-this order: the content of the last ``\\boxed{}``; else the number after the last explicit
-final-answer marker (``####`` or ``final answer is``/``final answer:``, case-insensitive); else
-the last number of the completion. That one answer is recorded as ``pred_answer`` and checked
+this order: the boxed answer (the content of the last ``\\boxed{}``, or of the last run of boxes
+that only connectors separate, ``verify.boxed_answer``); else the number after the last
+explicit final-answer marker (``####`` or ``final answer is``/``final answer:``,
+case-insensitive); else the last number of the completion. That one answer is recorded as ``pred_answer`` and checked
 with math-verify (``rredcot_cli.benchmarks.verify.math_equal``) against the gold.
 
 A completion cut off at the token budget (``truncated``: ``finish_reason == "length"``) has not
@@ -23,7 +24,7 @@ from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
 from rredcot_cli.data import read_split
 from rredcot_cli.errors import RredcotError
-from rredcot_cli.benchmarks.verify import extract_boxed
+from rredcot_cli.benchmarks.verify import boxed_answer
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 # An explicit final-answer marker and the number it introduces ("#### 1,234", "The final answer
@@ -50,9 +51,10 @@ def last_number(text: str) -> str | None:
 
 
 def marked_answer(text: str) -> str | None:
-    """The answer ``text`` states explicitly: the last ``\\boxed{}`` content, else the number after
-    the last ``####`` / ``final answer is`` marker (commas removed), else None."""
-    boxed = extract_boxed(text)
+    """The answer ``text`` states explicitly: the boxed answer (the last run of ``\\boxed{}``,
+    ``verify.boxed_answer``), else the number after the last ``####`` / ``final answer is`` marker
+    (commas removed), else None."""
+    boxed = boxed_answer(text)
     if boxed is not None:
         return boxed
     matches = _MARKED.findall(text)

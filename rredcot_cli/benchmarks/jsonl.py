@@ -9,7 +9,7 @@ answer is taken from the completion by an **extractor** and compared with the go
 ==============  ==================================================================================
 extractor       what counts as the answer
 ==============  ==================================================================================
-``boxed``       the content of the last ``\\boxed{...}``
+``boxed``       the content of the last ``\\boxed{...}`` (or last run of boxes, ``verify.boxed_answer``)
 ``last_number`` the last number written (``1,234`` -> ``1234``)
 ``regex``       the last match of ``answer_regex`` (its first group if it has one)
 ``none``        the whole completion, stripped
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from rredcot_cli.benchmarks.base import Problem
 from rredcot_cli.benchmarks.boxed import BoxedMathBenchmark
-from rredcot_cli.benchmarks.verify import extract_boxed, math_equal
+from rredcot_cli.benchmarks.verify import boxed_answer, math_equal
 from rredcot_cli.errors import RredcotError, one_line
 from rredcot_cli.plugins import load_attr
 from rredcot_cli.data import read_split
@@ -149,7 +149,7 @@ class JSONLBenchmark:
         """The answer by ``extractor`` (module docstring); ``truncated``: the completion hit the
         token budget (``last_number`` then needs a final-answer marker)."""
         if self.extractor == "boxed":
-            return extract_boxed(completion)
+            return boxed_answer(completion)
         if self.extractor == "last_number":
             if truncated and not self.truncated_last_number:
                 marked = marked_answer(completion)

@@ -2,7 +2,9 @@
 
 Rows have ``problem``, ``solution``, ``answer`` (LaTeX), ``subject``, ``level`` and ``unique_id``.
 The gold is ``answer``; completions are checked with math-verify
-(``rredcot_cli.benchmarks.verify.math_equal``) on their last ``\\boxed{}``.
+(``rredcot_cli.benchmarks.verify.math_equal``) on their boxed answer (the last ``\\boxed{}``, or
+last run of boxes), else on the answer they state after "final answer is" / "the answer is"
+(``BoxedMathBenchmark.extract_answer``; why, in ``verify``'s "Grading decisions").
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ picks e.g. the 12 of "the answer:\\n12 - 5 = 6" where the benchmark records 6). 
 1. parses the gold answer first, wrapped in ``\\boxed{...}`` unless it already holds a ``\\boxed``
    or ``$``, with ``LatexExtractionConfig()`` + ``ExprExtractionConfig()``;
 2. parses the prediction with ``LatexExtractionConfig(boxed_match_priority=0)`` +
-   ``ExprExtractionConfig()``; only a bounded piece of the completion is parsed: the last
-   ``\\boxed{...}`` when there is one, otherwise the last ``MAX_PARSE_CHARS`` characters;
+   ``ExprExtractionConfig()``; only a bounded piece of the completion is parsed: its boxed
+   answer (``boxed_answer``: the last ``\\boxed{...}``, or last run of boxes) when there is one,
+   otherwise the last ``MAX_PARSE_CHARS`` characters;
 3. calls ``verify(gold, pred)`` in that order (math-verify is asymmetric: the gold guides the
-   interpretation of the prediction).
+   interpretation of the prediction);
+4. when that says no, applies the percent rule (decision 1 below).
 
 math-verify's own timeouts use ``signal.alarm``, which only works in the main thread, so they are
 disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and the whole check runs under our
@@ -29,6 +31,61 @@ own deadline instead:
 
 A timeout, or an exception escaping math-verify, gives ``None`` (unscorable); a prediction with
 no parsable answer gives ``False``.
+
+Grading decisions
+-----------------
+Made on real completions and labels nobody here made (issue 38, item 8); the numbers are kept by
+tests/benchmarks/test_grader_agreement.py, the cases by tests/benchmarks/test_grading_decisions.py.
+
+1. **A percent sign on a plain number does not make it wrong** (``_percent_equal``).
+   ``\\boxed{20\\%}`` (also ``20%``, ``20 \\text{\\%}``, ``20 percent``) matches a gold ``20``, and
+   ``\\boxed{20}`` a gold ``20\\%``, when the other side is a plain decimal number; math-verify
+   reads ``20\\%`` as 0.2 and rejects both. Why: GSM8K golds are plain numbers, yet 75 GSM8K
+   solutions (59 train, 16 test) end in "... = 20%." before "#### 20", so a model that learnt
+   from them boxes ``20\\%``; Hendrycks' MATH ``is_equiv``, OpenAI's PRM800K grader
+   (``grading/grader.py``), lm-eval's MATH tasks and Qwen2.5-Math's grader all drop ``\\%``
+   from both sides before comparing. Only plain numbers are widened: against ``\\frac{1}{5}``
+   or ``0.2``, ``\\boxed{20\\%}`` stays as math-verify decides, and ``21\\%`` is still wrong.
+   Those 75 GSM8K answers: 0/75 accepted before, 75/75 now, the off-by-one ones 75/75 rejected.
+2. **Several boxes: the last run of boxes is the answer** (``boxed_answer``). Boxes that only
+   connectors separate (spacing, ``$``, ``\\quad``, commas, "and"/"or", a label such as
+   ``x_2 =``) are one answer, joined with ", ", which math-verify reads as a set (as it does
+   itself for ``\\boxed{a}, \\boxed{b}``); a box, then prose, then a box is an intermediate result
+   and the answer, and only the last box counts, as in lm-eval's MATH tasks
+   (``last_boxed_only_string``) and Qwen2.5-Math's grader (the text after the last "boxed").
+   Why: real outputs with several boxes are multi-part answers (``\\boxed{(2, 2)} \\quad
+   \\text{and}\\quad \\boxed{(6, 2)}`` for gold ``(2, 2), (6, 2)``), one answer restated (all 8
+   MATH-500 gold solutions with two boxes; test/number_theory/459 writes
+   ``\\boxed{15\\frac{39}{40}},$ or $\\boxed{\\frac{639}{40}}``, equal values, so the set is one
+   value), or intermediate results boxed on the way. The last box alone agreed with 4 of
+   Math-Verify's 16 graded several-box cases and rewarded a hedge (``\\boxed{2} or \\boxed{3}``
+   against 3); the run agrees with 14/16, still accepts all 500 MATH-500 gold solutions, and
+   rejects a hedge (the set {2, 3} is not 3).
+3. **An unboxed MATH answer is read only after an explicit statement**
+   (``boxed.stated_answer``). Without a box, the answer is what follows the last "final answer
+   is" / "the answer is" / "Final Answer:": the ``$...$``, ``\\(...\\)`` or ``\\[...\\]`` right
+   after it, or a single token with digits and no letters ("12,000,023.", "2/3"); prose after
+   it, or no statement, is no answer (0.0); a later "# Answer" heading gives the line under it.
+   Why: that is lm-eval minerva_math's format ("Final Answer: The final answer is $X$. I hope
+   it is correct."), the phrases Qwen2.5-Math's grader reads when there is no box ("he answer
+   is", "final answer is"), and PRM800K's (OpenAI's GPT-4 MATH solutions end in "# Answer",
+   a blank line and the answer). Math-Verify's graded stated-answer cases: 1/12 before, 8/12
+   now; the 500 MATH-500 gold solutions rewritten without a box and ending in the minerva line: 0/500 accepted before, 500/500 now, and all
+   500 rejected when the line states the next problem's answer (the body still holds the right
+   one: the statement is graded, not the text before it). No last-number or last-``$...$``
+   fallback (Qwen's ``use_last_number``) when nothing is stated: it grades whatever quantity
+   comes last. On 72 real completions of the shipped SmolLM2-135M-Instruct to MATH-500 test
+   problems (``rredcot sample``, T=1.0, 256 tokens: the first 16 twice at seed 0, the first 40
+   once at seed 1; 70 without a box, none right), a last-number fallback accepts one
+   (test/number_theory/627, gold 3: a wrong derivation ending ``$n + 2n = n + 3$``) and a
+   last-``$...$`` fallback another (test/number_theory/737, gold 284: it echoes the question's
+   ``$284$`` and rambles); the stated-answer rule reads two answers ("So the answer is
+   19.7098.", "So the final answer is $\\frac{85}{12.0 + 12.0} = 801.$"), both wrong, and
+   accepts none. A truncated completion's trailing bare token or answer line may be cut short
+   ("12" of "125"), so there only a closed math span or a finished line counts.
+
+GSM8K keeps its own order (box, "####" / "final answer is", last number) and shares 1 and 2;
+``jsonl`` with ``extractor=boxed`` shares 2, and with ``verifier=math_verify`` shares 1.
 """
 
 from __future__ import annotations
@@ -54,6 +111,19 @@ _WORKER_START_TIMEOUT_S = 120.0
 _BOXED = "\\boxed"
 _error_reported = False  # math_equal logs its first internal error only
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
+# What may stand between two boxes of one answer (``_boxed_run``): spacing, math delimiters,
+# commas, "and"/"or" (bare or in \text{}), and a short label such as "x_2 =". Prose is not allowed:
+# "\boxed{200} so the total is \boxed{455}" is a result and then the answer, not a two-part answer.
+_RUN_GAP = re.compile(
+    r"(?:\s|[,;&$]|\\[,;:! ]|\\q?quad(?![a-zA-Z])|\\\\|\\[\[\]()]|\b(?:and|or)\b"
+    r"|\\(?:text|textrm|mathrm)\{\s*,?\s*(?:and|or)?\s*\}|[A-Za-z](?:_\{?\w{1,3}\}?)?\s?=)*"
+)
+_MAX_RUN_GAP = 80  # characters; keeps the gap check short on long completions
+# A plain decimal number (thousands commas allowed), the only kind of gold or answer the percent
+# rule touches.
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+# A percent sign (or word) ending an answer: "20\%", "20%", "20 \text{\%}", "20 percent".
+_PERCENT_SUFFIX = re.compile(r"\s*(?:\\?%|\\text\{\s*\\?%\s*\}|\\(?:text|mbox)\{\s*percent\s*\}|percent)\s*$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -61,16 +131,10 @@ _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 # --------------------------------------------------------------------------------------------
 
 
-def _boxed_span(text: str) -> tuple[int, int, int] | None:
-    """(start of ``\\boxed``, start of content, end of content) of the last balanced ``\\boxed{...}``.
-
-    Escaped braces (``\\{``, ``\\}``) do not count. If the last ``\\boxed`` is not closed (a
-    truncated completion), the one before it is used, and so on. One linear pass over ``text``.
-    """
-    opens = list(_BOXED_OPEN.finditer(text))
-    if not opens:
-        return None
-    closing: dict[int, int] = {}  # index of "{" -> index of its matching "}"
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of every balanced ``{`` -> index of its ``}``; escaped braces (``\\{``, ``\\}``) do not
+    count. One linear pass over ``text``."""
+    closing: dict[int, int] = {}
     stack: list[int] = []
     i, n = 0, len(text)
     while i < n:
@@ -83,11 +147,32 @@ def _boxed_span(text: str) -> tuple[int, int, int] | None:
         elif ch == "}" and stack:
             closing[stack.pop()] = i
         i += 1
-    for match in reversed(opens):
+    return closing
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, int]]:
+    """(start of ``\\boxed``, start of content, end of content) of every closed ``\\boxed{...}``, in
+    the order they open; a ``\\boxed{`` never closed (a truncated completion) is left out."""
+    opens = list(_BOXED_OPEN.finditer(text))
+    if not opens:
+        return []
+    closing = _closing_braces(text)
+    spans = []
+    for match in opens:
         brace = match.end() - 1
         if brace in closing:
-            return match.start(), brace + 1, closing[brace]
-    return None
+            spans.append((match.start(), brace + 1, closing[brace]))
+    return spans
+
+
+def _boxed_span(text: str) -> tuple[int, int, int] | None:
+    """(start of ``\\boxed``, start of content, end of content) of the last balanced ``\\boxed{...}``.
+
+    Escaped braces (``\\{``, ``\\}``) do not count. If the last ``\\boxed`` is not closed (a
+    truncated completion), the one before it is used, and so on.
+    """
+    spans = _boxed_spans(text)
+    return spans[-1] if spans else None
 
 
 def extract_boxed(text: str) -> str | None:
@@ -102,9 +187,43 @@ def extract_boxed(text: str) -> str | None:
     return text[span[1] : span[2]].strip()
 
 
+def _boxed_run(text: str) -> list[tuple[int, int, int]]:
+    """The spans of the last run of boxes: the last ``\\boxed{}`` and the boxes right before it that
+    only connectors separate from it (``\\boxed{2}, \\boxed{3}``, ``\\boxed{a} \\quad\\text{and}\\quad
+    \\boxed{b}``, ``x_1 = \\boxed{a}\\) and \\(x_2 = \\boxed{b}``); boxes with prose between them are
+    separate statements, and only the last one counts."""
+    spans = _boxed_spans(text)
+    if not spans:
+        return []
+    run = [spans[-1]]  # built from the last box backwards
+    for span in reversed(spans[:-1]):
+        gap_start, gap_end = span[2] + 1, run[-1][0]
+        if gap_start > gap_end or gap_end - gap_start > _MAX_RUN_GAP:
+            break  # a box around the run, or prose between
+        if not _RUN_GAP.fullmatch(text, gap_start, gap_end):
+            break
+        run.append(span)
+    return run[::-1]
+
+
+def boxed_answer(text: str) -> str | None:
+    """The boxed final answer of ``text``: the content of its last run of boxes (``_boxed_run``),
+    joined with ``", "`` when there are several (math-verify reads the join as a set), or None.
+
+    >>> boxed_answer(r"x = \\boxed{2} \\text{ or } x = \\boxed{3}.")
+    '2, 3'
+    >>> boxed_answer(r"first \\boxed{1}; then, after more work, \\boxed{4}.")
+    '4'
+    """
+    run = _boxed_run(text)
+    if not run:
+        return None
+    return ", ".join(text[start:end].strip() for _, start, end in run)
+
+
 def _prediction_snippet(pred_text: str, max_chars: int) -> str | None:
     """The bounded part of a completion handed to the parser; None if the boxed answer is too long."""
-    boxed = extract_boxed(pred_text)
+    boxed = boxed_answer(pred_text)
     if boxed is not None:
         if len(boxed) > max_chars:
             return None
@@ -137,30 +256,63 @@ def _math_verify():
     return math_verify
 
 
+def _parse(mv, text: str, extraction_config: list) -> list:
+    return mv.parse(text, extraction_config=extraction_config, parsing_timeout=None)
+
+
 def _check(gold: str, pred_text: str, max_chars: int = MAX_PARSE_CHARS) -> bool | None:
-    """math-verify's verdict for ``pred_text`` against ``gold``, without any time limit.
+    """math-verify's verdict for ``pred_text`` against ``gold``, without any time limit, widened by
+    the percent rule (``_percent_equal``).
 
     None when the gold itself cannot be extracted (a broken benchmark row).
     """
     mv = _math_verify()
-    gold_parsed = mv.parse(
-        _gold_snippet(gold),
-        extraction_config=[mv.LatexExtractionConfig(), mv.ExprExtractionConfig()],
-        parsing_timeout=None,
-    )
+    gold_parsed = _parse(mv, _gold_snippet(gold), [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()])
     if not gold_parsed:
         return None
     snippet = _prediction_snippet(pred_text, max_chars)
     if snippet is None:
         return False
-    pred_parsed = mv.parse(
-        snippet,
-        extraction_config=[mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()],
-        parsing_timeout=None,
-    )
-    if not pred_parsed:
+    pred_parsed = _parse(mv, snippet, [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()])
+    if pred_parsed and mv.verify(gold_parsed, pred_parsed, timeout_seconds=None):
+        return True
+    answer = boxed_answer(pred_text)
+    return answer is not None and _percent_equal(mv, gold, answer)
+
+
+def _without_percent(text: str) -> str | None:
+    """The plain number of ``text`` when it is one followed by a percent sign ("20\\%" -> "20"), else None."""
+    text = text.strip().strip("$").strip()
+    match = _PERCENT_SUFFIX.search(text)
+    if match is None:
+        return None
+    number = text[: match.start()].strip()
+    return number if _PLAIN_NUMBER.fullmatch(number) else None
+
+
+def _percent_equal(mv, gold: str, answer: str) -> bool:
+    """True when gold and answer are the same plain number and one of them carries a percent sign.
+
+    math-verify reads ``\\boxed{20\\%}`` as 0.2 and so rejects it against a gold ``20`` (and ``\\boxed{20}``
+    against a gold ``20\\%``). GSM8K golds are plain numbers even when the question asks "what
+    percent"; Hendrycks' MATH ``is_equiv``, lm-eval's MATH tasks and Qwen2.5-Math's grader all drop
+    ``\\%`` from both sides before comparing. Only plain numbers are touched, so ``0.2`` against
+    ``20\\%`` stays as math-verify decides it.
+    """
+    gold = gold.strip().strip("$").strip()
+    answer = answer.strip().strip("$").strip()
+    if _PLAIN_NUMBER.fullmatch(gold):
+        gold_number, answer_number = gold, _without_percent(answer)
+    elif _PLAIN_NUMBER.fullmatch(answer):
+        gold_number, answer_number = _without_percent(gold), answer
+    else:
         return False
-    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    if gold_number is None or answer_number is None:
+        return False
+    config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    gold_parsed = _parse(mv, "\\boxed{" + gold_number + "}", config)
+    answer_parsed = _parse(mv, "\\boxed{" + answer_number + "}", config)
+    return bool(gold_parsed and answer_parsed and mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,9 +527,9 @@ def math_equal(gold: str, pred_text: str, timeout_s: float = 5.0, max_chars: int
     """Whether the final answer in ``pred_text`` equals ``gold`` according to math-verify.
 
     ``gold`` is a bare answer (``"70000"``, ``"\\frac{1}{2}"``, ``"(3,4]"``) or already marked-up
-    text; ``pred_text`` is a whole completion. Only its last ``\\boxed{...}`` is parsed (a boxed
-    answer longer than ``max_chars`` counts as wrong), or, without one, its last ``max_chars``
-    characters. Returns True/False, or None when the check ran past ``timeout_s`` seconds, raised
+    text; ``pred_text`` is a whole completion. Only its boxed answer (``boxed_answer``) is parsed
+    (one longer than ``max_chars`` counts as wrong), or, without one, its last ``max_chars``
+    characters; a plain-number answer and gold that differ only by a percent sign are equal. Returns True/False, or None when the check ran past ``timeout_s`` seconds, raised
     an error, or the gold answer could not be extracted. Safe to call from any thread; returns
     within ``timeout_s`` (``timeout_s + 0.5`` s off the main thread).
     """

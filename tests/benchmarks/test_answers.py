@@ -106,9 +106,11 @@ def test_gsm8k_explicit_markers_come_before_the_last_number():
     assert bench.extract_answer("The final answer is twelve, 3 short") == "3"  # no number: last number
 
 
-def test_math500_without_boxed_has_no_answer_and_no_reward():
-    rows, _ = _sample(make_benchmark("math500"), [("the answer is 12", "stop"), ("so \\boxed{12}", "stop")])
-    assert [(r["pred_answer"], r["reward"]) for r in rows] == [(None, 0.0), ("12", 1.0)]
+def test_math500_without_boxed_reads_only_a_stated_answer():
+    """No box: "the answer is 12" is read (verify.py's decision 3); a bare last number is not."""
+    completions = [("the answer is 12", "stop"), ("so 5 + 7 = 12", "stop"), ("so \\boxed{12}", "stop")]
+    rows, _ = _sample(make_benchmark("math500"), completions)
+    assert [(r["pred_answer"], r["reward"]) for r in rows] == [("12", 1.0), (None, 0.0), ("12", 1.0)]
 
 
 # -- truncated completions ------------------------------------------------------------------------
