@@ -143,12 +143,14 @@ for seed in "${SEEDS[@]}"; do
     dir=$OUT/runs/$arm-lr$lr-seed$seed
     if grep -qs '"status": "complete"' "$dir/train/manifest.json"; then echo "skip $dir (complete)"; continue; fi
     mapfile -t arm_overrides < <(proto "$arm_group" "$arm")
-    if run "$PYTHON" -m rredcot_cli train "${BUDGET[@]}" "${arm_overrides[@]}" train.lr="$lr" seed="$seed" \
-         train.data_order_seed="$seed" run.dir="$dir" train.resume=true; then
+    code=0
+    run "$PYTHON" -m rredcot_cli train "${BUDGET[@]}" "${arm_overrides[@]}" train.lr="$lr" seed="$seed" \
+      train.data_order_seed="$seed" run.dir="$dir" train.resume=true || code=$?
+    if (( code == 0 )); then
       [[ $DRY_RUN == 1 ]] || rm -rf "$dir/train/checkpoints"
     else
       failed=1
-      echo "$dir failed (exit $?, $(date -u +%FT%TZ))" | tee -a "$OUT/failed_runs.txt" >&2
+      echo "$dir failed (exit $code, $(date -u +%FT%TZ))" | tee -a "$OUT/failed_runs.txt" >&2
     fi
   done
 done

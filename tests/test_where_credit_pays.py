@@ -100,3 +100,52 @@ def test_settings_registered_as_future_work_are_refused_in_one_line(protocol):
             assert result.stderr.strip() == (f"error: setting {name} is registered as 'future work' in "
                                              "results/where-credit-pays/protocol.json (docs/where-credit-pays.md "
                                              "says what it needs); run setting A")
+
+
+def _finished_run(train: Path, curve: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    train.mkdir(parents=True)
+    last = max(curve)
+    (train / "summary.json").write_text(json.dumps({"steps": last, "seconds": 10.0, "eval_after": {"pass@1": curve[last]}}))
+    (train / "manifest.json").write_text(json.dumps({"stage": "train", "status": "complete",
+                                                     "git": {"sha": "fd4b0cfa74f6cfa0f17f1c46831fbbbbd9559188"}}))
+    steps = list(range(1, last + 1))
+    pq.write_table(pa.table({"step": steps, "eval_accuracy": [curve.get(s) for s in steps]}), train / "metrics.parquet")
+
+
+def test_a_failed_run_is_listed_and_no_verdict_is_computed_until_every_run_finished(protocol, tmp_path):
+    """Seeds 0-2, sweeps done, five of six main runs finished; the sixth crashes (a PYTHON whose
+    `-m rredcot_cli train` fails): it is listed, and the verdicts wait until FINAL=1."""
+    small = json.loads(json.dumps(protocol))
+    small["settings"]["A"]["eval_seeds"] = [0, 1, 2]
+    (tmp_path / "protocol.json").write_text(json.dumps(small))
+    out = tmp_path / "results" / "A"
+    for arm, lr in (("grpo", "3e-05"), ("rredcot", "1e-05")):
+        (out / "sweep" / arm).mkdir(parents=True)
+        (out / "sweep" / arm / "lr_sweep.json").write_text(json.dumps({"choice": {arm: {"lr": float(lr)}}}))
+    for seed, (g, r) in enumerate(((0.3, 0.4), (0.2, 0.2), (0.5, None))):
+        _finished_run(out / "runs" / f"grpo-lr3e-05-seed{seed}" / "train", {5: g, 10: g})
+        if r is not None:
+            _finished_run(out / "runs" / f"rredcot-lr1e-05-seed{seed}" / "train", {5: r, 10: r})
+    python = tmp_path / "python"
+    python.write_text(f'#!/usr/bin/env bash\nif [[ "$1 $2" == "-m rredcot_cli" ]]; then echo crashed >&2; exit 3; fi\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(python), "RESULTS": str(tmp_path / "results"),
+           "PROTOCOL": str(tmp_path / "protocol.json")}
+    env.pop("DRY_RUN", None)
+    result = subprocess.run(["bash", str(SCRIPT), "A"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"skip {out}/runs/rredcot-lr1e-05-seed1 (complete)" in result.stdout
+    assert (out / "failed_runs.txt").read_text().startswith(f"{out}/runs/rredcot-lr1e-05-seed2 failed (exit 3, ")
+    assert ("1 of 6 registered runs are not finished: no verdict yet (no interim looks); rerun this command, or set "
+            "FINAL=1 once failed runs have been retried") in result.stderr
+    assert not (out / "verdict_mean_eval.json").exists()
+
+    result = subprocess.run(["bash", str(SCRIPT), "A"], cwd=ROOT, env={**env, "FINAL": "1"}, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1                                       # the failed run still failed
+    verdict = json.loads((out / "verdict_mean_eval.json").read_text())["methods"]["rredcot"]["pooled"]
+    assert verdict["pairs"] == 2 and verdict["mean"] == 0.05           # (0.4 - 0.3 + 0.2 - 0.2) / 2
+    assert json.loads((out / "verdict_final.json").read_text())["endpoint"] == "final"
