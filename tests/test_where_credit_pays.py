@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +105,6 @@ def test_settings_registered_as_future_work_are_refused_in_one_line(protocol):
 
 
 def _finished_run(train: Path, curve: dict) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     train.mkdir(parents=True)
     last = max(curve)
     (train / "summary.json").write_text(json.dumps({"steps": last, "seconds": 10.0, "eval_after": {"pass@1": curve[last]}}))

@@ -1,7 +1,10 @@
 """bench/paired_seeds.py: pairs within a folder by seed, pools folders, leaves unpaired seeds out."""
 
 import json
+import math
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from repo_scripts import load_script
 
@@ -64,8 +67,6 @@ def test_pairs_across_commits_are_refused_unless_allowed(paired, tmp_path, capsy
 def _curves(root, curves: dict) -> str:
     """Run folders whose held-out evals are ``curves[(method, seed)] = {step: pass@1}`` (the last
     step is the final eval, ``eval_after``), all on ``COMMIT``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     for (method, seed), curve in curves.items():
         train = root / f"{method}-lr1e-5-seed{seed}" / "train"
         train.mkdir(parents=True)
@@ -110,7 +111,6 @@ def test_sign_flip_p_by_hand(paired):
 def test_tost_and_detectable_effect_by_hand(paired):
     # mean 0, sd 0.01 * sqrt(4/3), se 0.01/sqrt(3): t = 0.03 / se = 3 sqrt(3), df 3, whose upper tail is
     # 1/2 - (atan(3) + 3/10) / pi = 0.0069244 (the closed form of Student's t with 3 df)
-    import math
     diffs = [0.01, -0.01, 0.01, -0.01]
     assert paired.tost_p(diffs, 0.03) == pytest.approx(0.5 - (math.atan(3) + 0.3) / math.pi, abs=1e-9)
     # twenty pairs of sd 0.05 sqrt(20/19): (t_.975,19 2.0930 + t_.80,19 0.8610) x sd / sqrt(20)
