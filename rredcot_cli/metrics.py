@@ -169,6 +169,14 @@ def t_quantile(confidence: float, df: int) -> float:
     return 0.5 * (lo + hi)
 
 
+def t_upper_tail(t: float, df: int) -> float:
+    """P(T >= t) for Student's t with ``df`` degrees of freedom (one-sided p-values, e.g. TOST)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    tail = 0.5 * (1.0 - _t_two_sided_prob(abs(t), df))
+    return tail if t >= 0 else 1.0 - tail
+
+
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """``(mean, low, high)``: the mean and its Student-t confidence interval.
 

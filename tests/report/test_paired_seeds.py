@@ -1,7 +1,10 @@
 """bench/paired_seeds.py: pairs within a folder by seed, pools folders, leaves unpaired seeds out."""
 
 import json
+import math
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from repo_scripts import load_script
 
@@ -59,3 +62,65 @@ def test_pairs_across_commits_are_refused_unless_allowed(paired, tmp_path, capsy
     assert report["diffs"] == {0: 0.1, 1: -0.1}
     assert report["mixed_commits"] == [{"seed": 0, "x": "b0dd4db", "grpo": "fd4b0cf"},
                                        {"seed": 1, "x": "unknown", "grpo": "fd4b0cf"}]
+
+
+def _curves(root, curves: dict) -> str:
+    """Run folders whose held-out evals are ``curves[(method, seed)] = {step: pass@1}`` (the last
+    step is the final eval, ``eval_after``), all on ``COMMIT``."""
+    for (method, seed), curve in curves.items():
+        train = root / f"{method}-lr1e-5-seed{seed}" / "train"
+        train.mkdir(parents=True)
+        last = max(curve)
+        (train / "summary.json").write_text(json.dumps({"steps": last, "eval_after": {"pass@1": curve[last]}}))
+        (train / "manifest.json").write_text(json.dumps({"stage": "train", "git": {"sha": COMMIT, "dirty": False}}))
+        steps = list(range(1, last + 1))
+        pq.write_table(pa.table({"step": steps, "eval_accuracy": [curve.get(s) for s in steps]}),
+                       train / "metrics.parquet")
+    return str(root)
+
+
+def test_mean_eval_endpoint_is_the_area_under_the_eval_curve(paired, tmp_path):
+    a = _curves(tmp_path, {("grpo", 0): {5: 0.3, 10: 0.5}, ("x", 0): {5: 0.5, 10: 0.5},
+                           ("grpo", 1): {5: 0.2, 10: 0.4}, ("x", 1): {5: 0.2, 10: 0.6}})
+    final = paired.main([a, "--methods", "x"])["methods"]["x"]["folders"][a]["diffs"]
+    assert final == {0: 0.0, 1: 0.2}
+    area = paired.main([a, "--methods", "x", "--endpoint", "mean-eval"])
+    assert area["endpoint"] == "mean-eval"
+    assert area["methods"]["x"]["folders"][a]["diffs"] == {0: 0.1, 1: 0.1}   # (0.5+0.5)/2 - (0.3+0.5)/2, ...
+
+
+def test_mean_eval_refuses_runs_evaluated_at_different_steps(paired, tmp_path, capsys):
+    a = _curves(tmp_path, {("grpo", 0): {5: 0.3, 10: 0.5}, ("x", 0): {10: 0.5}})
+    with pytest.raises(SystemExit) as info:
+        paired.main([a, "--methods", "x", "--endpoint", "mean-eval"])
+    assert info.value.code == 2
+    assert "runs evaluated at different steps (grpo-seed0: [5, 10]; x-seed0: [10])" in capsys.readouterr().err
+
+
+def test_sign_flip_p_by_hand(paired):
+    # sums of +-0.1 +-0.2 +-0.3: 0.6, 0.4, 0.2, 0, 0, -0.2, -0.4, -0.6: two of eight reach |0.6|
+    assert paired.sign_flip_p([0.1, 0.2, 0.3]) == (0.25, None)
+    assert paired.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == (2 / 64, None)
+    # twenty pairs: all 2^20 flips; +-0.05 alternating sums to 0, which every flip reaches
+    assert paired.sign_flip_p([0.05, -0.05] * 10) == (1.0, None)
+    # past twenty: Monte Carlo; 21 positive pairs have p = 2 / 2^21, so almost no random flip reaches it
+    p, flips = paired.sign_flip_p([0.1] * 21)
+    assert flips == paired.MONTE_CARLO_FLIPS and p <= 3 / (flips + 1)
+
+
+def test_tost_and_detectable_effect_by_hand(paired):
+    # mean 0, sd 0.01 * sqrt(4/3), se 0.01/sqrt(3): t = 0.03 / se = 3 sqrt(3), df 3, whose upper tail is
+    # 1/2 - (atan(3) + 3/10) / pi = 0.0069244 (the closed form of Student's t with 3 df)
+    diffs = [0.01, -0.01, 0.01, -0.01]
+    assert paired.tost_p(diffs, 0.03) == pytest.approx(0.5 - (math.atan(3) + 0.3) / math.pi, abs=1e-9)
+    # twenty pairs of sd 0.05 sqrt(20/19): (t_.975,19 2.0930 + t_.80,19 0.8610) x sd / sqrt(20)
+    assert paired.mde([0.05, -0.05] * 10) == pytest.approx(2.9540 * 0.05 * (20 / 19) ** 0.5 / 20 ** 0.5, abs=2e-4)
+
+
+def test_the_registered_verdicts(paired):
+    def verdict(diffs):
+        return paired.tests(diffs, 0.03)["verdict"]
+    assert verdict([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == "helps"                         # p = 2/64, mean > 0
+    assert verdict([-0.1, -0.12, -0.14, -0.1, -0.12, -0.14]) == "no gain beyond the margin (trails)"
+    assert verdict([0.01, -0.01, 0.01, -0.01]) == "no gain beyond the margin (equivalent)"  # high 0.018
+    assert verdict([0.1, 0.2, 0.3]) == "unresolved"                                  # p = 0.25, high > 0.03
