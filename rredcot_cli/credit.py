@@ -202,6 +202,7 @@ def compute_credit(
     answer_probe: str | None = None,
     entropies: Sequence[Sequence[float]] | None = None,
     collaborators: Mapping[str, Any] | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> CreditResult:
     """Segment B completions and credit them with a registered method.
 
@@ -226,6 +227,8 @@ def compute_credit(
         entropies: B rows of next-token entropies; computed with the policy when the segmenter
             needs them and none are given.
         collaborators: other collaborators a method needs (e.g. ``{"critic": ...}`` for ppo).
+        extras: more per-batch side information for ``CreditBatch.extras`` (mc reads
+            ``benchmarks``, ``benchmark`` and ``prompt_ids``: see ``pipeline.credit_batch``).
 
     Returns:
         ``CreditResult``: token_advantages (B, T), segment_values and segment_credits (B, S),
@@ -244,12 +247,12 @@ def compute_credit(
     rule = get_segmenter(segmenter)
     spans = [segment_completion(tokenizer, ids, rule, None if entropies is None else entropies[i], **options)[1]
              for i, ids in enumerate(completion_ids)]
-    extras: dict[str, Any] = {"answer_probe": answer_probe}
+    side: dict[str, Any] = {"answer_probe": answer_probe, **(extras or {})}
     if gold_answers is not None:
-        extras["gold_answers"] = list(gold_answers)
-    extras["pred_answers"] = list(pred_answers) if pred_answers is not None else [None] * len(completion_ids)
+        side["gold_answers"] = list(gold_answers)
+    side["pred_answers"] = list(pred_answers) if pred_answers is not None else [None] * len(completion_ids)
     batch = pack_credit_batch(torch.as_tensor(rewards), torch.as_tensor(group_ids), spans, prompt_ids, completion_ids,
-                              sampling_logprobs, extras)
+                              sampling_logprobs, side)
     helpers = dict(collaborators or {})
     if policy is not None:
         helpers.setdefault("policy", policy)

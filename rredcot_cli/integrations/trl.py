@@ -107,7 +107,8 @@ class SegmentCreditGRPOTrainer(GRPOTrainer):
         completion_ids = [list(ids) for ids in completion_ids]
         needs_policy = "policy" in self.credit_spec.needs
         logprobs = self._sampling_logprobs(output, completion_ids, needs_policy)
-        texts = [c if isinstance(c, str) else self.processing_class.apply_chat_template(c, tokenize=False)
+        # A conversational completion is a list of messages: its text is their contents.
+        texts = [c if isinstance(c, str) else "".join(str(m.get("content", "")) for m in c)
                  for c in completions] if self.extract_answer is not None else None
         local = {
             "prompt_ids": prompt_ids, "completion_ids": completion_ids,
