@@ -24,7 +24,8 @@ Metrics added to TRL's logs, per generation batch: ``credit/zero_credit_share``,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from accelerate.utils import gather_object
@@ -32,8 +33,25 @@ from trl import GRPOTrainer
 
 from rredcot_cli.credit import CreditResult, compute_credit, credit_statistics, policy_from_model
 from rredcot_cli.methods import get_method
+from rredcot_cli.segmenters import needs_entropy
 
 __all__ = ["SegmentCreditGRPOTrainer"]
+
+
+@contextlib.contextmanager
+def scoring_mode(model: Any) -> Iterator[None]:
+    """``model`` in eval mode for the credit's scoring passes, its mode restored after (None: no
+    model). Under gradient checkpointing (TRL's default) a model in train mode returns no KV cache,
+    which the value estimators read; and the scoring passes should see no dropout."""
+    if model is None:
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 class SegmentCreditGRPOTrainer(GRPOTrainer):
@@ -117,10 +135,11 @@ class SegmentCreditGRPOTrainer(GRPOTrainer):
             "pred": [self.extract_answer(t) for t in texts] if texts is not None else None,
         }
         every = {key: (None if value is None else gather_object(value)) for key, value in local.items()}
-        group_ids = torch.arange(rewards.shape[0]) // self.num_generations
+        per_prompt = self.num_generations if self.model.training else self.num_generations_eval  # as TRL groups
+        group_ids = torch.arange(rewards.shape[0]) // per_prompt
         model = self.accelerator.unwrap_model(self.model) if needs_policy or self._segmenter_needs_model() else None
         policy = policy_from_model(model, self.processing_class, batch_size=self.credit_batch_size) if model else None
-        with torch.no_grad():
+        with scoring_mode(model), torch.no_grad():
             return compute_credit(
                 every["prompt_ids"], every["completion_ids"], rewards.detach().float().cpu(), group_ids,
                 tokenizer=self.processing_class, method=self.credit_method, method_params=self.method_params,
@@ -129,8 +148,6 @@ class SegmentCreditGRPOTrainer(GRPOTrainer):
                 pred_answers=every["pred"], answer_probe=self.answer_probe)
 
     def _segmenter_needs_model(self) -> bool:
-        from rredcot_cli.segmenters import needs_entropy  # deferred: only this check uses it
-
         return needs_entropy(self.segmenter)
 
     def _sampling_logprobs(self, output: dict, completion_ids: list, needs_policy: bool) -> torch.Tensor | None:

@@ -171,7 +171,9 @@ def test_two_step_run_logs_the_toolkits_credit(monkeypatch, method, params):
         processing_class=tokenizer, credit_method=method, method_params=params, answer_column="gold",
         extract_answer=benchmark.extract_answer, answer_probe=benchmark.ANSWER_PROBE,
         # seed 1: the first step draws a group with differing rewards (checked below)
-        args=_args(max_steps=2, seed=1, per_device_train_batch_size=8, max_completion_length=40, logging_steps=1, learning_rate=1e-3, temperature=1.0))
+        # gradient_checkpointing: TRL's default, under which a model in train mode returns no KV cache
+        args=_args(max_steps=2, seed=1, per_device_train_batch_size=8, max_completion_length=40,
+                   gradient_checkpointing=True, logging_steps=1, learning_rate=1e-3, temperature=1.0))
     trainer_ref.append(trainer)
     trainer.train()
 
