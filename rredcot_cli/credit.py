@@ -32,7 +32,7 @@ from rredcot_cli.policy.logprobs import head_chunk_rows
 from rredcot_cli.segmenters import Spans, get_segmenter, needs_entropy
 from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
 
-__all__ = ["CreditResult", "compute_credit", "credit_statistics", "policy_from_model", "method_defaults",
+__all__ = ["CreditResult", "compute_credit", "credit_statistics", "policy_from_model", "method_defaults", "method_parameters",
            "segment_completion", "pack_credit_batch", "run_method", "completion_entropies", "token_texts"]
 
 
@@ -148,9 +148,10 @@ def method_defaults(method: str) -> dict[str, Any]:
     return dataclasses.asdict(get_method(method).params())
 
 
-def _method_params(spec: MethodSpec, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The defaults overridden by ``given``; an unknown name or a value outside its range is
+def method_parameters(method: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Method ``method``'s hyper-parameters: its defaults overridden by ``given``; an unknown name or a value outside its range is
     refused in one line (``ConfigError`` for ranges, like ``method.<param>=`` on the CLI)."""
+    spec = get_method(method)
     params = dataclasses.asdict(spec.params())
     unknown = sorted(set(given or {}) - set(params))
     if unknown:
@@ -235,7 +236,7 @@ def compute_credit(
         segment_ids (B, T), num_segments (B,), value_stats, and the ``Credit`` / ``CreditBatch``.
     """
     spec = get_method(method)
-    params = _method_params(spec, method_params)
+    params = method_parameters(method, method_params)
     if policy is None and model is not None:
         policy = policy_from_model(model, tokenizer)
     options = {k: v for k, v in dataclasses.asdict(SegmentConfig()).items() if k != "name"}
@@ -257,6 +258,10 @@ def compute_credit(
     if policy is not None:
         helpers.setdefault("policy", policy)
         helpers.setdefault("scorer", policy.backend)
+    missing = [name for name in spec.needs if name not in helpers]
+    if missing:
+        raise ValueError(f"method {spec.name!r} needs {', '.join(missing)}: pass model= (or policy=) for the policy "
+                         f"and its scorer, collaborators={{name: ...}} for anything else")
     return CreditResult(credit=run_method(spec, batch, params, helpers), batch=batch)
 
 

@@ -31,7 +31,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from rredcot_cli.credit import CreditResult, compute_credit, credit_statistics, policy_from_model
+from rredcot_cli.credit import CreditResult, compute_credit, credit_statistics, method_parameters, policy_from_model
 from rredcot_cli.methods import get_method
 from rredcot_cli.segmenters import needs_entropy
 
@@ -75,9 +75,11 @@ class SegmentCreditGRPOTrainer(GRPOTrainer):
                  segmenter: str = "newline", segmenter_options: Mapping[str, Any] | None = None,
                  answer_column: str | None = None, extract_answer: Callable[[str], Any] | None = None,
                  answer_probe: str | None = None, credit_batch_size: int = 16, **kwargs: Any):
-        self.credit_spec = get_method(credit_method)  # unknown names fail before TRL loads anything
+        # An unknown method or parameter, or a value out of range, fails before TRL loads anything.
+        self.credit_spec = get_method(credit_method)
         self.credit_method = credit_method
         self.method_params = dict(method_params or {})
+        method_parameters(credit_method, self.method_params)
         self.segmenter = segmenter
         self.segmenter_options = dict(segmenter_options or {})
         self.answer_column = answer_column

@@ -187,3 +187,10 @@ def test_two_step_run_logs_the_toolkits_credit(monkeypatch, method, params):
         assert expected.keys() == {k.removeprefix("credit/") for k in row if k.startswith("credit/")} - {"forward_tokens"}
         for name, value in expected.items():
             assert math.isclose(row[f"credit/{name}"], value, rel_tol=1e-5, abs_tol=1e-6), (method, name)
+
+
+def test_bad_method_settings_fail_before_trl_builds_anything():
+    with pytest.raises(ValueError, match=r"method 'grpo' has no parameter bogus; valid: scale_by_std, eps"):
+        integration.SegmentCreditGRPOTrainer(model=None, credit_method="grpo", method_params={"bogus": 1})
+    with pytest.raises(KeyError, match="unknown method 'nope'"):
+        integration.SegmentCreditGRPOTrainer(model=None, credit_method="nope")
