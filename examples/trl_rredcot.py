@@ -71,7 +71,8 @@ def main() -> None:
     else:
         trainer = SegmentCreditGRPOTrainer(  # rredcot: the trainer class
             **common, credit_method=args.method, segmenter=args.segmenter,  # rredcot: the method by name
-            answer_column="gold", extract_answer=benchmark.extract_answer)  # rredcot: answers, for methods that read them
+            # rredcot: answers and the forced-answer template, for methods that read them (rredcot's answer_probe)
+            answer_column="gold", extract_answer=benchmark.extract_answer, answer_probe=benchmark.ANSWER_PROBE)
     trainer.train()
     for row in trainer.state.log_history:
         if "step_time" in row:

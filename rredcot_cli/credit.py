@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from rredcot_cli.config.ranges import check_method_ranges
+from rredcot_cli.config.ranges import check_method_params
 from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.methods import MethodSpec, get_method
 from rredcot_cli.methods.base import Credit, CreditBatch
@@ -158,7 +158,7 @@ def method_parameters(method: str, given: Mapping[str, Any] | None = None) -> di
         raise ValueError(f"method {spec.name!r} has no parameter {', '.join(unknown)}; "
                          f"valid: {', '.join(params) or '(none)'}")
     params.update(given or {})
-    check_method_ranges(spec.name, params, "method_params.")
+    check_method_params(spec.name, params, "method_params.")
     return params
 
 

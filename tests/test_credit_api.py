@@ -31,6 +31,9 @@ TEXTS = ["a=3.\nb=a+4=7.\nc=b*2=14.\nAnswer: 14", "a=3.\nb=a+4=8.\nc=b*2=16.\nAn
          "x=5.\ny=x-1=4.\nAnswer: 4", "x=5.\ny=x-1=3.\nAnswer: 3"]
 REWARDS = [1.0, 0.0, 1.0, 0.0]
 GROUPS = [0, 0, 1, 1]
+GOLD = ["14", "14", "4", "4"]
+PRED = ["14", "16", "4", "3"]
+PROBE = "Answer: {answer}{eos}"  # the chain benchmark's forced-answer template
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,8 @@ def test_imports_and_runs_without_the_cli_dependencies():
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in {TEXTS!r}]
         for method in ("grpo", "rredcot"):
             result = compute_credit([[5, 6]] * 4, ids, {REWARDS!r}, {GROUPS!r}, tokenizer=tok, method=method,
-                                    model=model, sampling_logprobs=[[-1.0] * len(c) for c in ids])
+                                    model=model, sampling_logprobs=[[-1.0] * len(c) for c in ids],
+                                    gold_answers={GOLD!r}, pred_answers={PRED!r}, answer_probe={PROBE!r})
             assert result.token_advantages.shape == (4, max(map(len, ids))), result.token_advantages.shape
             assert result.token_advantages.abs().sum() > 0
         loaded = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED and sys.modules[n] is not None)
@@ -89,27 +93,29 @@ def test_imports_and_runs_without_the_cli_dependencies():
     assert done.stdout.startswith("OK [] "), done.stdout
 
 
-def _stage_credit(prompts, completions, method, tokenizer, policy=None, logprobs=None):
+def _stage_credit(prompts, completions, method, params, tokenizer, policy=None, logprobs=None):
     """The stages' path: samples rows -> segment_rows -> credit_batch -> attribute."""
     samples = [{"prompt_id": f"p{g}", "sample_idx": i, "prompt_token_ids": p, "completion_token_ids": c,
-                "completion_logprobs": logprobs[i], "reward": r, "gold_answer": None, "pred_answer": None}
+                "completion_logprobs": logprobs[i], "reward": r, "gold_answer": GOLD[i], "pred_answer": PRED[i]}
                for i, (p, c, r, g) in enumerate(zip(prompts, completions, REWARDS, GROUPS))]
     options = {k: v for k, v in vars(SegmentConfig()).items() if k != "name"}
     segments = pipeline.segment_rows(samples, tokenizer, get_segmenter("newline"), "newline", **options)
-    batch = pipeline.credit_batch(samples, segments)
+    batch = pipeline.credit_batch(samples, segments, answer_probe=PROBE)
     helpers = {} if policy is None else {"policy": policy, "scorer": policy.backend}
-    return batch, pipeline.attribute(get_method(method), batch, method_defaults(method), helpers)
+    return batch, pipeline.attribute(get_method(method), batch, {**method_defaults(method), **params}, helpers)
 
 
-@pytest.mark.parametrize("method", ["grpo", "ktae", "rredcot"])
-def test_compute_credit_is_the_stages_credit(tiny, method):
+@pytest.mark.parametrize("method,params", [("grpo", {}), ("ktae", {}), ("rredcot", {}),
+                                           ("rredcot", {"value": "suffix_is"})])
+def test_compute_credit_is_the_stages_credit(tiny, method, params):
     model, tokenizer = tiny
     prompts, completions = _ids(tokenizer)
     logprobs = [[-0.5 - 0.01 * t for t in range(len(c))] for c in completions]
     policy = policy_from_model(model, tokenizer)
-    batch, expected = _stage_credit(prompts, completions, method, tokenizer, policy, logprobs)
-    got = compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, method=method, policy=policy,
-                         sampling_logprobs=logprobs)
+    batch, expected = _stage_credit(prompts, completions, method, params, tokenizer, policy, logprobs)
+    got = compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, method=method,
+                         method_params=params, policy=policy, sampling_logprobs=logprobs, gold_answers=GOLD,
+                         pred_answers=PRED, answer_probe=PROBE)
     assert torch.equal(got.segment_ids, batch.segment_ids) and int(got.num_segments.min()) >= 2
     torch.testing.assert_close(got.token_advantages, expected.token_advantages, rtol=0, atol=0)
     torch.testing.assert_close(got.segment_credits, expected.segment_credits, rtol=0, atol=0, equal_nan=True)
