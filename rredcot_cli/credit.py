@@ -262,7 +262,18 @@ def compute_credit(
     if missing:
         raise ValueError(f"method {spec.name!r} needs {', '.join(missing)}: pass model= (or policy=) for the policy "
                          f"and its scorer, collaborators={{name: ...}} for anything else")
-    return CreditResult(credit=run_method(spec, batch, params, helpers), batch=batch)
+    try:
+        credit = run_method(spec, batch, params, helpers)
+    except KeyError as error:  # a method reading side information the caller did not give
+        if error.args and error.args[0] in _ANSWER_INPUTS:
+            raise ValueError(f"method {spec.name!r} with these parameters reads {error.args[0]}: pass "
+                             f"{_ANSWER_INPUTS[error.args[0]]}") from error
+        raise
+    return CreditResult(credit=credit, batch=batch)
+
+
+# Side information methods read by name from CreditBatch.extras, and the argument that fills it.
+_ANSWER_INPUTS = {"gold_answers": "gold_answers= (the TRL trainer: answer_column=)"}
 
 
 def credit_statistics(result: CreditResult) -> dict[str, float]:

@@ -131,6 +131,9 @@ def test_bad_parameters_are_refused_in_one_line(tiny):
         compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, method_params={"eps": -1})
     with pytest.raises(ValueError, match=r"method 'rredcot' needs policy: pass model= \(or policy=\)"):
         compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, method="rredcot")
+    with pytest.raises(ValueError, match=r"method 'rredcot' with these parameters reads gold_answers: pass gold_answers="):
+        compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, method="rredcot", model=tiny[0],
+                       answer_probe=PROBE)
     with pytest.raises(ValueError, match="pass entropies= or model="):
         compute_credit(prompts, completions, REWARDS, GROUPS, tokenizer=tokenizer, segmenter="entropy")
 
