@@ -14,15 +14,14 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from rredcot_cli import credit as credit_api
+from rredcot_cli.credit import run_method as attribute, token_texts  # noqa: F401 (the stages' names for them)
 from rredcot_cli.errors import ConfigError
 from rredcot_cli.policy.base import SamplingParams
 from rredcot_cli.benchmarks.base import Benchmark, Problem, grade_completion
-from rredcot_cli.methods import MethodSpec
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
 from rredcot_cli.rng import derive_seed
-from rredcot_cli.policy.logprobs import head_chunk_rows
-from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
 from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
 
 
@@ -120,22 +119,11 @@ def sample_rows(
 
 def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 32) -> list[list[float]]:
     """Next-token entropy at every completion token, from one teacher-forced pass of the HF copy
-    of the policy (vLLM only returns top-k log-probs, which would underestimate entropy).
-
-    The LM head, log-softmax and entropy run over the real completion positions only,
-    ``logprobs.head_chunk_rows`` of them at a time: (rows, positions, vocabulary) logits of a pass
-    held 7.3 GB at SmolLM2's 49k vocabulary for 32 completions of 200 tokens."""
-    prompts = [list(s["prompt_token_ids"]) for s in samples]
-    completions = [list(s["completion_token_ids"]) for s in samples]
-    forward = ForwardPass(chunk_tokens=head_chunk_rows(policy.model))
-    _, _, entropies = chunked_completion_logprobs(policy.model, prompts, completions, policy.tokenizer.pad_token_id,
-                                                  chunk_size, forward)
-    return [entropies[i, : len(c)].tolist() for i, c in enumerate(completions)]
-
-
-def token_texts(tokenizer: Any, token_ids: list[int]) -> list[str]:
-    """Each token decoded on its own (what segmenters look at)."""
-    return tokenizer.batch_decode([[t] for t in token_ids], skip_special_tokens=False)
+    of the policy (vLLM only returns top-k log-probs, which would underestimate entropy);
+    ``credit.completion_entropies`` on the samples' token ids."""
+    return credit_api.completion_entropies(policy.model, policy.tokenizer.pad_token_id,
+                                           [s["prompt_token_ids"] for s in samples],
+                                           [s["completion_token_ids"] for s in samples], chunk_size)
 
 
 def segment_rows(
@@ -151,9 +139,8 @@ def segment_rows(
     ``entropies[i]`` (next-token entropies along completion i) feeds entropy-based rules."""
     rows: list[dict] = []
     for i, sample in enumerate(samples):
-        ids = sample["completion_token_ids"]
-        texts = token_texts(tokenizer, ids)
-        spans = segmenter(texts, entropies=None if entropies is None else entropies[i], **segmenter_kwargs)
+        texts, spans = credit_api.segment_completion(tokenizer, sample["completion_token_ids"], segmenter,
+                                                     None if entropies is None else entropies[i], **segmenter_kwargs)
         for segment_idx, (start, end) in enumerate(spans):
             rows.append(
                 {
@@ -183,32 +170,19 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
     by_key: dict[tuple[str, int], list[dict]] = {}
     for seg in segments:
         by_key.setdefault((seg["prompt_id"], int(seg["sample_idx"])), []).append(seg)
-    lengths = [len(s["completion_token_ids"]) for s in samples]
-    T = max(lengths, default=0)
-    segment_ids = torch.full((len(samples), T), -1, dtype=torch.long)
-    num_segments = torch.ones(len(samples), dtype=torch.long)
-    for i, sample in enumerate(samples):
+    spans = []
+    for sample in samples:
         key = (sample["prompt_id"], int(sample["sample_idx"]))
         segs = sorted(by_key.get(key, []), key=lambda s: s["segment_idx"])
         if not segs:
             raise ValueError(f"completion {key} has no segments")
-        for seg in segs:
-            segment_ids[i, seg["token_start"] : seg["token_end"]] = int(seg["segment_idx"])
-        num_segments[i] = len(segs)
-    sampling_logprobs = torch.zeros(len(samples), T)
-    for i, sample in enumerate(samples):
-        lp = sample["completion_logprobs"]
-        sampling_logprobs[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        spans.append([(int(seg["token_start"]), int(seg["token_end"])) for seg in segs])
     group_index: dict[str, int] = {}
     group_ids = torch.tensor([group_index.setdefault(s["prompt_id"], len(group_index)) for s in samples], dtype=torch.long)
-    return CreditBatch(
-        rewards=torch.tensor([float(s["reward"]) for s in samples], dtype=torch.float32),
-        group_ids=group_ids,
-        segment_ids=segment_ids,
-        num_segments=num_segments,
-        prompt_token_ids=[list(s["prompt_token_ids"]) for s in samples],
-        completion_token_ids=[list(s["completion_token_ids"]) for s in samples],
-        old_logprobs=sampling_logprobs,
+    return credit_api.pack_credit_batch(
+        torch.tensor([float(s["reward"]) for s in samples], dtype=torch.float32), group_ids, spans,
+        [s["prompt_token_ids"] for s in samples], [s["completion_token_ids"] for s in samples],
+        [s["completion_logprobs"] for s in samples],
         extras={
             "gold_answers": [s["gold_answer"] for s in samples],
             "pred_answers": [s["pred_answer"] for s in samples],
@@ -219,14 +193,6 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
             "benchmark": benchmark,
         },
     )
-
-
-def attribute(spec: MethodSpec, batch: CreditBatch, params: dict[str, Any], collaborators: dict[str, Any]) -> Credit:
-    """Run a registered credit method with its hyper-parameters and the collaborators it needs."""
-    missing = [name for name in spec.needs if name not in collaborators]
-    if missing:
-        raise ValueError(f"method {spec.name!r} needs {', '.join(missing)}, which this stage did not provide")
-    return spec.fn(batch, **params, **{name: collaborators[name] for name in spec.needs})
 
 
 def segment_mean_advantages(token_advantages: torch.Tensor, batch: CreditBatch) -> torch.Tensor:
