@@ -40,3 +40,16 @@ rredcot attribute run.dir=$R seed=0 method=rredcot run.tag=now
 python bench/value_vs_outcome.py $R/sample/samples.parquet before=$R/attribute-before/rredcot/credits.parquet \
   after=$R/attribute-now/rredcot/credits.parquet --reference $R/mc-reference/cc8436799efd.parquet \
   --out results/credit-quality/issue37/r1/value_vs_outcome.json
+
+# --- the embedded model at 14-20 steps (chain, ~110 tokens, ~17.6 newline segments): 10 prompts x 8, K = 8
+R=runs/cq-c1420
+ex="benchmark.min_steps=14 benchmark.max_steps=20 sampling.max_new_tokens=224"
+rredcot sample run.dir=$R seed=0 sample.num_prompts=10 sampling.n=8 $ex
+rredcot segment run.dir=$R seed=0 $ex
+common="run.dir=$R seed=0 $ex judge.batches=5 judge.reference_k=8 judge.reruns=1"
+rredcot judge $common 'judge.methods=[grpo,rredcot]' run.tag=immediate
+rredcot judge $common 'judge.methods=[rredcot]' run.tag=answer-probe +judge.params.rredcot.value=answer_probe
+rredcot attribute run.dir=$R seed=0 $ex method=rredcot run.tag=now
+python bench/value_vs_outcome.py $R/sample/samples.parquet before=$R/attribute-before/rredcot/credits.parquet \
+  after=$R/attribute-now/rredcot/credits.parquet --reference $R/mc-reference/*.parquet \
+  --out results/credit-quality/issue37/chain14-20/value_vs_outcome.json
