@@ -32,7 +32,7 @@ from rredcot_cli import catalog
 from rredcot_cli.config.compose import compose
 from rredcot_cli.config.search import CONFIG_PATH_ENV, default_options, group_options
 from rredcot_cli.segmenters import SEGMENTERS
-from rredcot_cli.errors import PREEMPTED_EXIT, ConfigError, Preempted, RredcotError, one_line, os_error_message
+from rredcot_cli.errors import ConfigError, Preempted, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",
@@ -185,10 +185,10 @@ def _one_line_errors() -> Iterator[None]:
     own path): the machine's problem (disk full, permissions), not a bug, so no traceback."""
     try:
         yield
-    except Preempted as e:  # a checkpoint was written; the job script requeues on this status
+    except Preempted as e:  # a resumable state was kept; the job script requeues on 75 (not on Ctrl-C's 130)
         if str(e):
             typer.echo(one_line(e), err=True)
-        raise typer.Exit(code=PREEMPTED_EXIT) from None
+        raise typer.Exit(code=e.exit_status) from None
     except RredcotError as e:
         _discard_unstarted_stages()
         typer.echo(f"error: {one_line(e)}", err=True)
