@@ -383,7 +383,9 @@ def begin_stage(
         manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv),
                                                           "status": old.get("status")}]  # the one it found
     _write_manifest(folder, manifest)
-    return StageOutput(folder, manifest, continuing)
+    output = StageOutput(folder, manifest, continuing)
+    _BEGUN.append(output)
+    return output
 
 
 def _other_options_message(folder: Path, cfg: DictConfig, stage: str, keys: list[str], old: dict[str, Any],
@@ -445,6 +447,25 @@ def discard_unstarted_stages() -> list[Path]:
             continue  # best effort: a folder we cannot remove stays, as it would have anyway
         removed.append(folder)
     return removed
+
+
+# Stages this process began, for ``stop_begun_stages``.
+_BEGUN: list[StageOutput] = []
+
+
+def stop_begun_stages(status: str, **info: Any) -> list[Path]:
+    """After a stage stopped at once (Ctrl-C): remove the folders that hold nothing
+    (``discard_unstarted_stages``), and mark every other stage this process began and left
+    "running" as ``status`` (``StageOutput.stopped``), so no manifest says "running" for a process
+    that is gone. Returns the folders marked."""
+    discard_unstarted_stages()
+    marked = []
+    while _BEGUN:
+        out = _BEGUN.pop()
+        if out.dir.is_dir() and (read_manifest(out.dir) or {}).get("status") == "running":
+            out.stopped(status, **info)
+            marked.append(out.dir)
+    return marked
 
 
 def find_input(cfg: DictConfig, artifact: str) -> Path:

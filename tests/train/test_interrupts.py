@@ -183,3 +183,44 @@ def test_a_signal_while_the_final_weights_are_written_checkpoints_the_last_step(
     assert flat("from step 3 of 3") in err
     assert manifest(run)["status"] == "complete" and steps(run) == [1, 2, 3]
     assert (run / "train" / "checkpoints" / "final" / "model.safetensors").is_file()
+
+
+# Patches the sample stage to send the process SIGNAL while it samples.
+SAMPLE_WITH_SIGNAL = """
+    import os, signal, sys
+    from rredcot_cli.stages import sample
+    real = sample.sample_rows
+    def sample_rows(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGNAL)
+        return real(*args, **kwargs)
+    sample.sample_rows = sample_rows
+    sys.argv[0] = "rredcot"
+"""
+
+
+def test_ctrl_c_in_another_stage_says_so_and_marks_its_manifest(tmp_path):
+    """The other stages take Ctrl-C as Python does (at once), but say so in one line and leave no
+    manifest at "running": a fresh folder holding nothing is removed, a rerun's is marked."""
+    def sample(run, signal_name):
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(SAMPLE_WITH_SIGNAL.replace("SIGNAL", signal_name))
+                               + "\nfrom rredcot_cli.cli import main; main()", "sample", f"run.dir={run}",
+                               "sample.num_prompts=2", "sampling.n=2", "sampling.max_new_tokens=8"],
+                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+        return done.returncode, flat(done.stderr)
+
+    code, err = sample(tmp_path / "fresh", "SIGINT")
+    assert code == 130 and err.endswith(flat("interrupted by SIGINT: stopped at once; no stage output had been "
+                                             "written (exit status 130)")), err
+    assert not (tmp_path / "fresh").exists()
+
+    run = tmp_path / "run"
+    code, _ = sample(run, "SIGKILL")  # an attempt killed outright: its manifest stays "running"
+    assert code == -9 and json.loads((run / "sample" / "manifest.json").read_text())["status"] == "running"
+    code, err = sample(run, "SIGINT")
+    assert code == 130, err
+    assert err.startswith(flat(f"{run / 'sample'}: found an unfinished sample attempt with the same config "
+                               "(status 'running'); starting it over")), err
+    assert err.endswith(flat(f"interrupted by SIGINT: stopped at once; {run / 'sample'} marked interrupted; rerun the "
+                             "same command to run it again (exit status 130)")), err
+    stopped = json.loads((run / "sample" / "manifest.json").read_text())
+    assert stopped["status"] == "interrupted" and stopped["interrupted"]["signal"] == "SIGINT"
