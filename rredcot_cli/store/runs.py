@@ -320,7 +320,7 @@ def begin_stage(
     - otherwise: create the folder, delete leftovers of killed writers, write ``config.yaml``,
       ``overrides.yaml`` and a manifest with status "running", and return a ``StageOutput``
       (``continuing``: it continues an unfinished attempt, whose manifest keeps ``created`` and
-      lists the restart under ``resumed``: when, the command, the status it found).
+      lists the restart under ``resumed``: when, the command, the status it ``found``).
     """
     folder = stage_folder(cfg, stage, subdir)
     input_records = {}
@@ -381,7 +381,8 @@ def begin_stage(
     if continuing:
         manifest["created"] = old.get("created", manifest["created"])
         manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv),
-                                                          "status": old.get("status")}]  # the one it found
+                                                          # not "status": job scripts grep for that key
+                                                          "found": old.get("status")}]
     _write_manifest(folder, manifest)
     output = StageOutput(folder, manifest, continuing)
     _BEGUN.append(output)

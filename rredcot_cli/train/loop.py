@@ -430,7 +430,7 @@ class Trainer:
         resuming = (f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
                     f"({self.saved[checkpoint.KEY_PATH]})")
         if self.t.resume is None:  # not asked for: say what was found and how to start over instead
-            status = self.out.manifest.get("resumed", [{}])[-1].get("status", "running")
+            status = self.out.manifest.get("resumed", [{}])[-1].get("found", "running")
             resuming = (f"found an unfinished attempt (status {status!r}): {resuming}; pass train.resume=false "
                         "to start over, or run.tag=NAME to run beside it")
         console.print(resuming)

@@ -84,7 +84,7 @@ def test_unfinished_attempt_of_a_stage_that_resumes_is_continued(tmp_path, capsy
     again = begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=None)
     assert again.continuing and capsys.readouterr().err == ""
     manifest = json.loads((again.dir / "manifest.json").read_text())
-    assert manifest["created"] == first.manifest["created"] and manifest["resumed"][0]["status"] == "preempted"
+    assert manifest["created"] == first.manifest["created"] and manifest["resumed"][0]["found"] == "preempted"
     # train.resume=false starts over, saying so.
     assert not begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=False).continuing
     assert "found an unfinished train attempt with the same config (status 'running'); starting it over" in \
