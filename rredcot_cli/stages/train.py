@@ -54,7 +54,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
         if out is None:
             return
         try:
-            with preempt.at_once():  # start-up: nothing to finish, so a signal stops it at once
+            with preempt.at_once(parallel):  # start-up: nothing to finish, so a signal stops it at once
                 segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
                 settings = train_settings(cfg, segment_kwargs)
                 seed_everything(cfg.seed)

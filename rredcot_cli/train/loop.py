@@ -262,7 +262,7 @@ class Trainer:
         each step, checkpoints when due; then the final checkpoint and held-out eval. ``preempt``:
         the stage's signal handlers (a signal stops start-up at once, a step after it finishes)."""
         t = self.t
-        with preempt.at_once():
+        with preempt.at_once(self.parallel):
             self._start()
         first_step = self.state.step + 1
         with progress_bar(f"train {self.spec.name}", total=t.steps, unit="step") as advance:
@@ -466,7 +466,7 @@ class Trainer:
         the last step, so a rerun redoes only them."""
         final_dir, steps = self.checkpoints / "final", self.t.steps
         try:
-            with preempt.at_once():
+            with preempt.at_once(self.parallel):
                 # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
                 self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
                                                                dtype_of(self.settings.save_dtype)))

@@ -13,8 +13,9 @@ SIGINT) are active for the whole stage, from before its folder is begun to its l
   ``errors.PREEMPTED_EXIT`` (75; SIGINT: 130). A rerun of the same command continues from that step.
 - **Where there is no step to finish** (start-up: loading, restoring, the held-out eval before
   training; the end: the final weights and eval) waiting would only spend the grace time, so a
-  signal stops at once (``at_once``: the handler raises ``StopNow``). At the end the last step is
-  checkpointed first, so a rerun only redoes the final weights and eval.
+  signal stops at once (``at_once``: the handler raises ``StopNow``; under torchrun, at the end of
+  the phase, on every rank together). At the end the last step is checkpointed first, so a rerun
+  only redoes the final weights and eval.
 
 A second signal (torchrun forwarding the same SIGTERM, an impatient user) changes nothing: the
 checkpoint being written finishes, and it is written atomically in any case (a SIGKILL meanwhile
@@ -51,9 +52,9 @@ class StopNow(BaseException):
     ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` on the way
     swallows it; the stage turns it into ``errors.Preempted``."""
 
-    def __init__(self, number: signal.Signals) -> None:
-        super().__init__(number.name)
-        self.signal_name = number.name
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.signal_name = name
 
 
 class Preemption:
@@ -82,7 +83,7 @@ class Preemption:
         number = signal.Signals(number)
         if self._at_once or (number == signal.SIGINT and self.received is not None):
             self.received = self.received or number
-            raise StopNow(number)
+            raise StopNow(number.name)
         if self.received is None:  # the first signal counts; later ones change nothing
             self.received = number
             if number == signal.SIGINT:
@@ -90,10 +91,17 @@ class Preemption:
                 console.print(f"Ctrl-C: {doing} and saving a checkpoint; press Ctrl-C again to stop at once")
 
     @contextmanager
-    def at_once(self) -> Iterator[None]:
-        """A phase with no step to finish: a signal (or one that came before) raises ``StopNow``."""
+    def at_once(self, parallel) -> Iterator[None]:
+        """A phase with no step to finish: a signal (or one that came before) raises ``StopNow``. Under
+        torchrun a rank stopping alone would leave the others at a collective, so there every rank
+        raises it together after the phase (``due``)."""
+        if parallel.distributed:
+            yield
+            if self.due(parallel):
+                raise StopNow(self.received.name if self.received is not None else "a signal on another rank")
+            return
         if self.received is not None:
-            raise StopNow(self.received)
+            raise StopNow(self.received.name)
         self._at_once = True
         try:
             yield
