@@ -32,7 +32,7 @@ from rredcot_cli import catalog
 from rredcot_cli.config.compose import compose
 from rredcot_cli.config.search import CONFIG_PATH_ENV, default_options, group_options
 from rredcot_cli.segmenters import SEGMENTERS
-from rredcot_cli.errors import PREEMPTED_EXIT, ConfigError, Preempted, RredcotError, one_line, os_error_message
+from rredcot_cli.errors import INTERRUPTED_EXIT, ConfigError, Preempted, RredcotError, one_line, os_error_message
 
 app = typer.Typer(
     name="rredcot",
@@ -156,6 +156,7 @@ def run_stage(stage: str, overrides: list[str] | None, print_config: bool = Fals
     use_config_dirs(config_dirs)
     if "rredcot_cli.store.runs" in sys.modules:  # a stage run earlier in this process keeps its folders
         sys.modules["rredcot_cli.store.runs"]._FRESH_STAGES.clear()
+        sys.modules["rredcot_cli.store.runs"]._BEGUN.clear()
     with _one_line_errors():
         cfg = compose(overrides)
         if print_config:
@@ -185,10 +186,13 @@ def _one_line_errors() -> Iterator[None]:
     own path): the machine's problem (disk full, permissions), not a bug, so no traceback."""
     try:
         yield
-    except Preempted as e:  # a checkpoint was written; the job script requeues on this status
+    except Preempted as e:  # a resumable state was kept; the job script requeues on 75 (not on Ctrl-C's 130)
         if str(e):
             typer.echo(one_line(e), err=True)
-        raise typer.Exit(code=PREEMPTED_EXIT) from None
+        raise typer.Exit(code=e.exit_status) from None
+    except KeyboardInterrupt:  # Ctrl-C that no handler of the stage took (train takes its own)
+        typer.echo(_interrupted(), err=True)
+        raise typer.Exit(code=INTERRUPTED_EXIT) from None
     except RredcotError as e:
         _discard_unstarted_stages()
         typer.echo(f"error: {one_line(e)}", err=True)
@@ -199,6 +203,15 @@ def _one_line_errors() -> Iterator[None]:
         _discard_unstarted_stages()
         typer.echo(f"error: {os_error_message(e)}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _interrupted() -> str:
+    """One line for a stage stopped by Ctrl-C, after its manifest was marked "interrupted" (``runs``)."""
+    runs = sys.modules.get("rredcot_cli.store.runs")
+    marked = runs.stop_begun_stages("interrupted", signal="SIGINT") if runs else []
+    kept = (f"{', '.join(map(str, marked))} marked interrupted; rerun the same command to run it again" if marked
+            else "no stage output had been written")
+    return f"interrupted by SIGINT: stopped at once; {kept} (exit status {INTERRUPTED_EXIT})"
 
 
 def _discard_unstarted_stages() -> None:

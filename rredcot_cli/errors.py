@@ -55,14 +55,29 @@ class TrainingError(RredcotError):
 PREEMPTED_EXIT = 75
 
 
+# 128 + SIGINT: the status a shell gives a command stopped by Ctrl-C (a job script does not requeue it).
+INTERRUPTED_EXIT = 130
+
+
+def stop_status(signal_name: str) -> str:
+    """The manifest status of a run stopped by ``signal_name``: Ctrl-C interrupts, the rest preempt."""
+    return "interrupted" if signal_name == "SIGINT" else "preempted"
+
+
+def stop_exit_status(signal_name: str) -> int:
+    """The exit status of a run stopped by ``signal_name`` (``INTERRUPTED_EXIT`` or ``PREEMPTED_EXIT``)."""
+    return INTERRUPTED_EXIT if signal_name == "SIGINT" else PREEMPTED_EXIT
+
+
 class Preempted(Exception):
-    """``rredcot train`` stopped on a preemption signal after writing a checkpoint
-    (rredcot_cli/train/preemption.py): not an error; the CLI prints the message (one line; "" on the
-    ranks that print nothing) and exits with status ``PREEMPTED_EXIT``."""
+    """``rredcot train`` stopped on a preemption signal (rredcot_cli/train/preemption.py), its state
+    resumable: not an error; the CLI prints the message (one line; "" on the ranks that print
+    nothing) and exits with ``exit_status`` (``PREEMPTED_EXIT``; ``INTERRUPTED_EXIT`` for Ctrl-C)."""
 
     def __init__(self, message: str, step: int, signal_name: str) -> None:
         super().__init__(message)
         self.step, self.signal_name = step, signal_name
+        self.status, self.exit_status = stop_status(signal_name), stop_exit_status(signal_name)
 
 
 def one_line(message: object) -> str:

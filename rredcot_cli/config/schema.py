@@ -261,14 +261,18 @@ class TrainConfig:
     # Every this many steps, write checkpoints/step-N: the weights plus everything resuming needs
     # (optimizer, LR scheduler, RNG states, step, metrics so far). 0: only the final checkpoint.
     save_every: int = 10
-    # Continue an unfinished run in this run dir from its latest checkpoints/step-N (same options
-    # required; starts from scratch when there is none). Not part of the config hash.
-    resume: bool = False
+    # An unfinished attempt in this run dir (killed, preempted, interrupted) with the same options:
+    # null (default) continues it from its latest checkpoints/step-N and says so (a requeued job
+    # reruns the same command); true: the same; false: start over, deleting its checkpoints. An
+    # attempt made with other options is refused unless run.overwrite=true or run.tag=NAME. Not hashed.
+    resume: Optional[bool] = None
     # Signals that stop the run gracefully (rredcot_cli/train/preemption.py): finish the step in
     # progress, write checkpoints/step-N, print one line, exit with status 75 (EX_TEMPFAIL); under
     # torchrun every rank stops after the same step. Slurm sends SIGTERM at preemption and the
-    # signal of --signal=USR1@90 before the time limit. []: the signals keep their default. Not hashed.
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # signal of --signal=USR1@90 before the time limit; SIGINT is Ctrl-C (status 130; a second one
+    # stops at once).
+    # []: the signals keep their default. Not hashed.
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGINT"])
     # Stop the run when this many policy updates in a row had a non-finite (NaN/inf) loss or
     # gradient; each is skipped (weights untouched) and logged. 0: never stop. Not hashed.
     max_nonfinite_updates: int = 3

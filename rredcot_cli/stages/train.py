@@ -3,9 +3,11 @@
 This file turns the config into settings (the loop's ``TrainSettings``, the update's
 hyper-parameters, the precision, the data-parallel group, the trackers), builds the benchmark, the
 policy and the credit method, begins the stage (``runs.begin_stage``: the run folder, its
-manifest and config hash; ``train.resume=true`` continues an unfinished attempt), runs
-``Trainer(...).fit()``, and on rank 0 writes the results (eval.parquet, summary.json; the loop
-wrote metrics.parquet after every step), finishes the stage and prints the before/after table.
+manifest and config hash; an unfinished attempt with the same config is continued, saying so,
+unless ``train.resume=false``), runs ``Trainer(...).fit()`` under the preemption handlers of
+``train.preempt_signals`` (rredcot_cli/train/preemption.py, active for the whole stage), and on
+rank 0 writes the results (eval.parquet, summary.json; the loop wrote metrics.parquet after every
+step), finishes the stage and prints the before/after table.
 
 Every ``train.save_every`` steps the loop writes ``checkpoints/step-N`` (rredcot_cli/train/checkpoint.py:
 weights, optimizer, scheduler, RNG states, data cursor, critic; a resume reads the metrics so far
@@ -25,9 +27,9 @@ from rredcot_cli.console import console, print_table
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 
-from rredcot_cli.train import distributed, tracking, trainable
+from rredcot_cli.train import distributed, preemption, tracking, trainable
 from rredcot_cli.train.preemption import signal_number
-from rredcot_cli.errors import Preempted, StorageError, TrainingError
+from rredcot_cli.errors import Preempted, StorageError, TrainingError, stop_exit_status, stop_status
 from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
 from rredcot_cli.train.checkpoint import last_complete
@@ -46,36 +48,53 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
     parallel = _data_parallel(t, cfg.backend, precision, spec.name)
-    out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
-                                                    keys=config_keys(spec), resume=t.resume))
-    if out is None:
-        return
-    segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
-    settings = train_settings(cfg, segment_kwargs)
-    seed_everything(cfg.seed)
-    benchmark = make_benchmark(cfg)
-    policy = make_policy(cfg)
-    trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
-                      segmenter=segmenter, out=out, parallel=parallel, precision=precision,
-                      hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
-                      trackers=trackers)
-    try:
-        fitted = trainer.fit()
-        weight_sync = _weight_sync_record(policy.backend, parallel)
-        # rank 0 writes every artifact; its failure stops every rank (not left at the barrier below)
-        parallel.on_main(lambda: _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync))
-    except StorageError as e:  # a full disk mid-run: say what a resume starts from
-        raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
-    except Preempted as e:  # a checkpoint of the last step was written (train/preemption.py)
-        if parallel.is_main:
-            out.stopped("preempted", step=e.step, signal=e.signal_name)
-        raise
+    with preemption.Preemption(t.preempt_signals) as preempt:  # the whole stage: no signal goes unrecorded
+        out = parallel.on_main(lambda: runs.begin_stage(_hashed_config(cfg), "train", overrides, inputs={},
+                                                        keys=config_keys(spec), resume=t.resume))
+        if out is None:
+            return
+        try:
+            with preempt.at_once(parallel):  # start-up: nothing to finish, so a signal stops it at once
+                segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
+                settings = train_settings(cfg, segment_kwargs)
+                seed_everything(cfg.seed)
+                benchmark = make_benchmark(cfg)
+                policy = make_policy(cfg)
+                trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
+                                  segmenter=segmenter, out=out, parallel=parallel, precision=precision,
+                                  hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
+                                  trackers=trackers)
+            fitted = trainer.fit(preempt)
+            weight_sync = _weight_sync_record(policy.backend, parallel)
+            # rank 0 writes every artifact; its failure stops every rank (not left at the barrier below)
+            parallel.on_main(lambda: _write_results(spec.name, t.steps, out, fitted, trackers, weight_sync))
+        except StorageError as e:  # a full disk mid-run: say what a resume starts from
+            raise e.keeping(kept_for_resume(out.dir, t.save_every)) from e
+        except (preemption.StopNow, KeyboardInterrupt) as e:  # stopped at once: what a rerun resumes from
+            raise _stopped_at_once(out, getattr(e, "signal_name", "SIGINT"), parallel.is_main) from None
+        except Preempted as e:  # a checkpoint of the last step was written (train/preemption.py)
+            if parallel.is_main:
+                out.stopped(e.status, step=e.step, signal=e.signal_name)
+            raise
     parallel.barrier()
     # A vLLM engine under torchrun lives in the job's process group and tears it down when it
     # shuts down: shut it down here, after the last collective, not at interpreter exit.
     if parallel.distributed and hasattr(policy.backend, "close"):
         policy.backend.close()
     parallel.close()
+
+
+def _stopped_at_once(out, signal_name: str, is_main: bool) -> Preempted:
+    """The ``Preempted`` of a run a signal stopped at once (start-up, the final weights and eval, a
+    second Ctrl-C), its manifest marked: a rerun resumes from the last complete checkpoint."""
+    found = last_complete(out.dir / "checkpoints")
+    step = int(found.name.split("-")[1]) if found else 0
+    if is_main:
+        out.stopped(stop_status(signal_name), step=step, signal=signal_name)
+    then = (f"rerun the same command to continue from step {step} ({found})" if found
+            else "no step checkpoint was written yet: rerun the same command to start again")
+    message = f"{stop_status(signal_name)} by {signal_name}: stopped at once; {then} (exit status {stop_exit_status(signal_name)})"
+    return Preempted(message if is_main else "", step, signal_name)
 
 
 def kept_for_resume(train_dir, save_every: int) -> str:

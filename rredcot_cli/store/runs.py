@@ -13,8 +13,9 @@ Layout of a run folder (``run.dir``, default ``runs/<YYYYmmdd-HHMMSS>``)::
 Every stage folder also holds ``config.yaml`` (the resolved config), ``overrides.yaml`` (the CLI
 overrides) and ``manifest.json`` (status, config hash, git sha, versions, seed, input hashes,
 output hashes). A stage whose folder already holds a complete manifest with the same hash is
-skipped; one made with other options is refused unless ``run.overwrite=true`` or a
-``run.tag`` puts the new outputs beside the old ones.
+skipped; an unfinished attempt with the same hash is continued (train) or redone, with a line
+that says so; one made with other options, finished or not, is refused unless
+``run.overwrite=true`` or a ``run.tag`` puts the new outputs beside the old ones.
 """
 
 from __future__ import annotations
@@ -156,9 +157,10 @@ def stage_folder(cfg: DictConfig, stage: str, subdir: str | None = None) -> Path
 class StageOutput:
     """The output folder of a running stage; call ``finish`` once every output is written."""
 
-    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, manifest: dict[str, Any], continuing: bool = False) -> None:
         self.dir = folder
         self.manifest = manifest
+        self.continuing = continuing  # it continues an unfinished attempt with the same config
 
     def path(self, name: str) -> Path:
         """``self.dir / name``."""
@@ -302,20 +304,23 @@ def begin_stage(
     inputs: dict[str, Path],
     keys: list[str],
     subdir: str | None = None,
-    resume: bool = False,
+    resume: bool | None = False,
 ) -> StageOutput | None:
     """Prepare ``<run.dir>/<stage>[-<tag>][/<subdir>]`` for a stage, or say it is already done.
 
     The stage's hash covers ``config_hash(cfg, keys)`` and the sha256 of every input file;
-    the inputs must pass ``check_input_provenance``.
-    - complete manifest with the same hash (and not ``run.overwrite``): print a note, return None;
-    - complete manifest with another hash (and not ``run.overwrite``): raise ``RunError``;
-    - ``resume`` and an unfinished attempt with another hash: raise ``RunError`` (continuing it
-      would mix two configs);
+    the inputs must pass ``check_input_provenance``. An earlier attempt in the folder is never
+    replaced without a line that says so (unless ``run.overwrite``, which asks for it):
+    - complete with the same hash: print a note, return None;
+    - made with another hash, complete or not: raise ``RunError`` naming ``run.overwrite=true`` and
+      ``run.tag`` (an unfinished train attempt holds checkpoints worth hours);
+    - unfinished with the same hash: continued when ``resume`` is not False (train: ``train.resume``,
+      whose default None continues it, as a requeued job rerunning the same command expects; the
+      train stage says from which step), else redone from the start, saying so;
     - otherwise: create the folder, delete leftovers of killed writers, write ``config.yaml``,
-      ``overrides.yaml`` and a manifest with status "running", and return a ``StageOutput``.
-      When ``resume`` continues an unfinished attempt its manifest keeps ``created`` and lists
-      the restart under ``resumed``.
+      ``overrides.yaml`` and a manifest with status "running", and return a ``StageOutput``
+      (``continuing``: it continues an unfinished attempt, whose manifest keeps ``created`` and
+      lists the restart under ``resumed``: when, the command, the status it ``found``).
     """
     folder = stage_folder(cfg, stage, subdir)
     input_records = {}
@@ -348,28 +353,14 @@ def begin_stage(
                 file=sys.stderr,
             )
             return None
-        if not same and (finished or resume):
-            differing = _differing_keys(folder, cfg, keys)
-            old_inputs = {k: v.get("sha256") for k, v in (old.get("inputs") or {}).items()}
-            new_inputs = {k: v["sha256"] for k, v in input_records.items()}
-            what = list(differing or [])
-            if old_inputs != new_inputs:
-                what.append("inputs")
-            detail = f" (differs in: {', '.join(what)})" if what else ""
-            if finished:
-                raise RunError(
-                    f"{folder} holds {stage} outputs made with other options{detail}; "
-                    "pass run.tag=NAME to keep both, or run.overwrite=true to replace them"
-                )
-            raise RunError(
-                f"cannot resume {folder}: its unfinished {stage} attempt was made with other options{detail}; "
-                "resume with the same options, or pass run.overwrite=true to start over"
-            )
         if not same:
-            # An attempt that died holds nothing finished; replace it, but say so.
-            print(f"{folder}: replacing an unfinished earlier attempt made with other options.", file=sys.stderr)
-        continuing = same and resume
-        # Same options, but the last attempt did not finish: run (or, resuming, continue) it.
+            raise RunError(_other_options_message(folder, cfg, stage, keys, old, input_records, resume))
+        continuing = resume is not False
+        if not continuing:
+            print(f"{folder}: found an unfinished {stage} attempt with the same config (status "
+                  f"{old.get('status')!r}); starting it over", file=sys.stderr)
+    elif old is not None:
+        print(f"{folder}: run.overwrite=true: replacing the {old.get('status')} {stage} attempt there", file=sys.stderr)
 
     remove_stale_temporaries(folder)
     atomic_write_text(folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
@@ -389,9 +380,34 @@ def begin_stage(
     }
     if continuing:
         manifest["created"] = old.get("created", manifest["created"])
-        manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv)}]
+        manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv),
+                                                          # not "status": job scripts grep for that key
+                                                          "found": old.get("status")}]
     _write_manifest(folder, manifest)
-    return StageOutput(folder, manifest)
+    output = StageOutput(folder, manifest, continuing)
+    _BEGUN.append(output)
+    return output
+
+
+def _other_options_message(folder: Path, cfg: DictConfig, stage: str, keys: list[str], old: dict[str, Any],
+                           input_records: dict[str, dict], resume: bool | None) -> str:
+    """Why an earlier attempt made with other options stays, and the two ways on."""
+    differing = _differing_keys(folder, cfg, keys)
+    old_inputs = {k: v.get("sha256") for k, v in (old.get("inputs") or {}).items()}
+    new_inputs = {k: v["sha256"] for k, v in input_records.items()}
+    what = list(differing or [])
+    if old_inputs != new_inputs:
+        what.append("inputs")
+    detail = f" (differs in: {', '.join(what)})" if what else ""
+    if old.get("status") == "complete":
+        return (f"{folder} holds {stage} outputs made with other options{detail}; "
+                "pass run.tag=NAME to keep both, or run.overwrite=true to replace them")
+    if resume:
+        return (f"cannot resume {folder}: its unfinished {stage} attempt was made with other options{detail}; "
+                "resume with the same options, or pass run.overwrite=true to start over")
+    return (f"{folder} holds an unfinished {stage} attempt (status {old.get('status')!r}) made with other "
+            f"options{detail}; rerun with its options to continue it, pass run.tag=NAME to keep it and run "
+            "beside it, or run.overwrite=true to replace it")
 
 
 # Stage folders this process created (with the folders above them it created), for
@@ -432,6 +448,25 @@ def discard_unstarted_stages() -> list[Path]:
             continue  # best effort: a folder we cannot remove stays, as it would have anyway
         removed.append(folder)
     return removed
+
+
+# Stages this process began, for ``stop_begun_stages``.
+_BEGUN: list[StageOutput] = []
+
+
+def stop_begun_stages(status: str, **info: Any) -> list[Path]:
+    """After a stage stopped at once (Ctrl-C): remove the folders that hold nothing
+    (``discard_unstarted_stages``), and mark every other stage this process began and left
+    "running" as ``status`` (``StageOutput.stopped``), so no manifest says "running" for a process
+    that is gone. Returns the folders marked."""
+    discard_unstarted_stages()
+    marked = []
+    while _BEGUN:
+        out = _BEGUN.pop()
+        if out.dir.is_dir() and (read_manifest(out.dir) or {}).get("status") == "running":
+            out.stopped(status, **info)
+            marked.append(out.dir)
+    return marked
 
 
 def find_input(cfg: DictConfig, artifact: str) -> Path:

@@ -169,11 +169,16 @@ class Trainer:
     # ------------------------------------------------------------------ setup, in the order it runs
 
     def _resumable(self) -> dict | None:
-        """The checkpoint ``train.resume`` continues from (None: start at step 0, clearing what an
-        earlier attempt left)."""
-        saved = checkpoint.latest(self.checkpoints, self.config_hash) if self.t.resume else None
-        if self.t.resume and saved is None:
+        """The checkpoint this run continues from: the latest of the unfinished attempt it continues
+        (``runs.begin_stage``), or with ``train.resume=true`` of any; None: start at step 0, clearing
+        what an earlier attempt left (replaced on purpose: begin_stage said so)."""
+        look = self.out.continuing or self.t.resume is True
+        saved = checkpoint.latest(self.checkpoints, self.config_hash) if look else None
+        if self.t.resume is True and saved is None:
             console.print(f"train.resume=true: no resumable checkpoint in {self.checkpoints}; starting from step 0")
+        elif look and saved is None:
+            console.print(f"found an unfinished attempt in {self.out.dir} with no checkpoint yet (train.save_every="
+                          f"{self.t.save_every}): starting from step 0")
         if saved is None and self.parallel.is_main:
             # they belong to the attempt this one replaces
             checkpoint.remove_all(self.checkpoints)
@@ -252,16 +257,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self) -> Fitted:
+    def fit(self, preempt: preemption.Preemption) -> Fitted:
         """Every step from the first unfinished one: held-out evals when due, rank 0's writes after
-        each step, checkpoints when due; then the final checkpoint and held-out eval."""
+        each step, checkpoints when due; then the final checkpoint and held-out eval. ``preempt``:
+        the stage's signal handlers (a signal stops start-up at once, a step after it finishes)."""
         t = self.t
-        self._start()
+        with preempt.at_once(self.parallel):
+            self._start()
         first_step = self.state.step + 1
-        with progress_bar(f"train {self.spec.name}", total=t.steps, unit="step") as advance, \
-                preemption.Preemption(t.preempt_signals) as preempt:
+        with progress_bar(f"train {self.spec.name}", total=t.steps, unit="step") as advance:
             advance(first_step - 1)
             for step in range(first_step, t.steps + 1):
+                preempt.step = step
                 result = self.step(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
                     self._eval_into(result.row, step)
@@ -270,13 +277,13 @@ class Trainer:
                 # failure there (a full disk) stops every rank instead of leaving them at the next collective
                 self.parallel.on_main(lambda: self.recorder.write(step, result))
                 self._count_skipped(step, result.stats)
-                stop = step != t.steps and preempt.due(self.parallel)  # a signal: checkpoint now, then stop
-                if step != t.steps and (stop or (t.save_every and step % t.save_every == 0)):
+                stop = preempt.due(self.parallel)  # a signal: checkpoint now (the last step too), then stop
+                if stop or (step != t.steps and t.save_every and step % t.save_every == 0):
                     self.checkpoint(step)
                 if stop:
                     raise preempt.stop(step, t.steps, self.checkpoints / f"step-{step:06d}", self.parallel.is_main)
                 advance(1, info=_progress_info(result.row, result.tokens))
-        return self._finish()
+        return self._finish(preempt)
 
     def step(self, step: int) -> StepResult:
         """One step: sampling -> credit -> update -> refresh -> record."""
@@ -420,8 +427,13 @@ class Trainer:
         self.state = checkpoint.restore(self.saved, self.parts, self.t.prompts_per_step)
         self.policy.backend.sync_weights(self.plain)
         self.resumed_from = self.state.step
-        console.print(f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
-                      f"({self.saved[checkpoint.KEY_PATH]})")
+        resuming = (f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
+                    f"({self.saved[checkpoint.KEY_PATH]})")
+        if self.t.resume is None:  # not asked for: say what was found and how to start over instead
+            status = self.out.manifest.get("resumed", [{}])[-1].get("found", "running")
+            resuming = (f"found an unfinished attempt (status {status!r}): {resuming}; pass train.resume=false "
+                        "to start over, or run.tag=NAME to run beside it")
+        console.print(resuming)
         self.recorder.restore(self.state.step, checkpoint.saved_history(self.saved))
         self.saved = None  # the loaded trainer_state.pt (optimizer moments, an older one's rows): used up
 
@@ -449,12 +461,19 @@ class Trainer:
         checkpoint.save(self.checkpoints / f"step-{step:06d}", self.state, self.parts, self.config_hash)
         self.parallel.on_main(lambda: checkpoint.prune(self.checkpoints, self.t.keep_checkpoints))
 
-    def _finish(self) -> Fitted:
-        final_dir = self.checkpoints / "final"
-        # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
-        self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
-                                                       dtype_of(self.settings.save_dtype)))
-        eval_rows_after, eval_after = self.held_out_eval(self.t.steps)
+    def _finish(self, preempt: preemption.Preemption) -> Fitted:
+        """The final weights and held-out eval; a signal meanwhile stops them at once and checkpoints
+        the last step, so a rerun redoes only them."""
+        final_dir, steps = self.checkpoints / "final", self.t.steps
+        try:
+            with preempt.at_once(self.parallel):
+                # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
+                self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
+                                                               dtype_of(self.settings.save_dtype)))
+                eval_rows_after, eval_after = self.held_out_eval(steps)
+        except preemption.StopNow:
+            self.checkpoint(steps)
+            raise preempt.stop(steps, steps, self.checkpoints / f"step-{steps:06d}", self.parallel.is_main) from None
         # CPU time of this process's threads (an in-process vLLM engine included; a process of its
         # own, as on GPUs, is not): with several threads busy it exceeds the wall time.
         seconds, cpu_seconds = self._elapsed()

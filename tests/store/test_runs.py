@@ -69,9 +69,46 @@ def test_skip_when_up_to_date(tmp_path, capsys):
     assert f"{tmp_path / 'sample'} is up to date (same config); skipping. Pass run.overwrite=true to redo." in err
 
 
-def test_unfinished_attempt_is_redone(tmp_path):
+def test_unfinished_attempt_is_redone_saying_so(tmp_path, capsys):
     start(make_cfg(tmp_path))  # never finished
-    assert start(make_cfg(tmp_path)) is not None
+    again = start(make_cfg(tmp_path))
+    assert again is not None and not again.continuing
+    assert capsys.readouterr().err == (f"{tmp_path / 'sample'}: found an unfinished sample attempt with the same "
+                                       "config (status 'running'); starting it over\n")
+
+
+def test_unfinished_attempt_of_a_stage_that_resumes_is_continued(tmp_path, capsys):
+    first = start(make_cfg(tmp_path), stage="train")
+    first.stopped("preempted", step=4)
+    # train.resume's default (None) and true continue it; the train stage says from which step.
+    again = begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=None)
+    assert again.continuing and capsys.readouterr().err == ""
+    manifest = json.loads((again.dir / "manifest.json").read_text())
+    assert manifest["created"] == first.manifest["created"] and manifest["resumed"][0]["found"] == "preempted"
+    # train.resume=false starts over, saying so.
+    assert not begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=False).continuing
+    assert "found an unfinished train attempt with the same config (status 'running'); starting it over" in \
+        capsys.readouterr().err
+
+
+def test_unfinished_attempt_with_other_options_is_refused_not_replaced(tmp_path):
+    out = start(make_cfg(tmp_path))  # never finished
+    (out.dir / "partial.bin").write_bytes(b"work")
+    with pytest.raises(RunError) as info:
+        start(make_cfg(tmp_path, sampling__n=4))
+    assert str(info.value) == (
+        f"{tmp_path / 'sample'} holds an unfinished sample attempt (status 'running') made with other options "
+        "(differs in: sampling); rerun with its options to continue it, pass run.tag=NAME to keep it and run "
+        "beside it, or run.overwrite=true to replace it")
+    assert (out.dir / "partial.bin").exists()
+    assert json.loads((out.dir / "manifest.json").read_text())["config_hash"] == out.manifest["config_hash"]
+
+
+def test_overwrite_says_what_it_replaces(tmp_path, capsys):
+    start(make_cfg(tmp_path))  # never finished
+    assert start(make_cfg(tmp_path, sampling__n=4, run__overwrite=True)) is not None
+    assert capsys.readouterr().err == (f"{tmp_path / 'sample'}: run.overwrite=true: replacing the running sample "
+                                       "attempt there\n")
 
 
 def test_refuse_other_options(tmp_path):

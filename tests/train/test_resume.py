@@ -124,9 +124,13 @@ def test_resume_refuses_an_attempt_made_with_other_options(tmp_path):
         f"cannot resume {tmp_path / 'train'}: its unfinished train attempt was made with other options "
         "(differs in: train); resume with the same options, or pass run.overwrite=true to start over"
     )
-    # The same options continue the attempt; without resume another config replaces it.
-    assert begin_stage(_cfg(tmp_path), "train", [], {}, ["seed", "train"], resume=True) is not None
-    assert begin_stage(_cfg(tmp_path, train__lr=1e-4), "train", [], {}, ["seed", "train"]) is not None
+    # The same options continue the attempt; without resume another config is refused too (its
+    # checkpoints are kept), unless run.overwrite=true replaces it.
+    assert begin_stage(_cfg(tmp_path), "train", [], {}, ["seed", "train"], resume=True).continuing
+    with pytest.raises(RunError, match="run.overwrite=true to replace it"):
+        begin_stage(_cfg(tmp_path, train__lr=1e-4), "train", [], {}, ["seed", "train"])
+    assert not begin_stage(_cfg(tmp_path, train__lr=1e-4, run__overwrite=True), "train", [], {},
+                           ["seed", "train"]).continuing
 
 
 def test_resume_and_the_divergence_limit_do_not_change_the_run_identity():
