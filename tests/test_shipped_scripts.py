@@ -44,10 +44,16 @@ def test_there_are_scripts_to_check():
         s.name for s in SCRIPTS}
 
 
+# Defaults that name a committed file the script only reads (the registered protocol of
+# scripts/where_credit_pays.sh), never one it writes.
+READ_ONLY_DEFAULTS = {("where_credit_pays.sh", "PROTOCOL")}
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: str(s.relative_to(REPO)))
 def test_no_script_writes_into_results_by_default(script):
     writes_into_results = {name: value for name, value in default_paths(script).items()
-                           if re.search(r"(^|[\s/\"'])results/", value)}
+                           if re.search(r"(^|[\s/\"'])results/", value)
+                           and (script.name, name) not in READ_ONLY_DEFAULTS}
     assert not writes_into_results, f"{script.name}: defaults into the committed results/: {writes_into_results}"
 
 

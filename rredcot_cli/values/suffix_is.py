@@ -35,6 +35,8 @@ rewards. Its estimate is capped at the largest utility among the suffixes (a cli
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rredcot_cli.methods.base import CreditBatch
@@ -98,7 +100,9 @@ def suffix_is_values(
 
     values = [torch.full((len(bounds),), float("nan")) for bounds in boundaries]
     probes: list[Probe] = []
-    owners: list[tuple[int, int, float, float]] = []  # (trace, slot, log q, reward)
+    owners: list[tuple[int, int, int, float]] = []  # (trace, slot, suffix index in the slot, log q)
+    log_w: dict[tuple[int, int], list[float]] = {}
+    utilities: dict[tuple[int, int], list[float]] = {}
     for i, bounds in enumerate(boundaries):
         for k, b in enumerate(bounds):
             # Leave-one-out: the trace's own continuation (weight 1, utility R_i) is never evidence.
@@ -109,17 +113,22 @@ def suffix_is_values(
                 # whatever the weights: nothing to score (every slot of a uniform group).
                 values[i][k] = utilities_k.pop()
                 continue
+            mine = traces[i][: prompt_lens[i] + b]
             for j, start, end in usable:
-                completion = traces[j][prompt_lens[j]:]
-                probes.append(Probe(trace=i, prefix_len=prompt_lens[i] + b, tokens=tuple(completion[start:end])))
-                owners.append((i, k, float(sum(sampling_logprobs[j][start:end])), float(rewards[j])))
+                utilities.setdefault((i, k), []).append(float(rewards[j]))
+                # Cut from the very state this prefix is: the current policy sampled it there, so
+                # the weight is exactly 1. Scoring it would only add the sampler's and the scorer's
+                # float noise, which the advantage's division by a group's spread of credits can
+                # blow up (a group of identical chains: credits of 1e-7, divided by their std).
+                same_state = traces[j][: prompt_lens[j] + start] == mine
+                log_w.setdefault((i, k), []).append(0.0 if same_state else math.nan)
+                if not same_state:
+                    completion = traces[j][prompt_lens[j]:]
+                    probes.append(Probe(trace=i, prefix_len=prompt_lens[i] + b, tokens=tuple(completion[start:end])))
+                    owners.append((i, k, len(log_w[(i, k)]) - 1, float(sum(sampling_logprobs[j][start:end]))))
     logprobs = scorer(model, traces, probes, device=device, stats=stats) if probes else []
-
-    log_w: dict[tuple[int, int], list[float]] = {}
-    utilities: dict[tuple[int, int], list[float]] = {}
-    for (i, k, log_q, reward), lp in zip(owners, logprobs):
-        log_w.setdefault((i, k), []).append(float(lp.sum()) - log_q)
-        utilities.setdefault((i, k), []).append(reward)
+    for (i, k, index, log_q), lp in zip(owners, logprobs):
+        log_w[(i, k)][index] = float(lp.sum()) - log_q
     for (i, k), lw in log_w.items():
         lw_t = torch.tensor(lw, dtype=torch.float64)
         if clip > 0:

@@ -304,7 +304,7 @@ def test_attribute_and_judge_run_both_methods(tmp_path):
     rredcot("judge", f"run.dir={run}", *SMALL, "judge.methods=[delta_belief,ktae]", "judge.reference_k=2",
             "judge.reruns=1", cwd=tmp_path)
     rows = pq.read_table(run / "judge/credit_quality.parquet").to_pylist()
-    assert [r["method"] for r in rows] == ["delta_belief", "ktae"]
+    assert [r["method"] for r in rows] == ["delta_belief", "ktae", "control:outcome", "control:baseline"]
     assert rows[0]["value_spearman"] is not None and rows[1]["value_spearman"] is None
 
 

@@ -221,7 +221,7 @@ def test_judge_runs_both_credit_rivals(tmp_path):
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout + result.stderr
     rows = pq.read_table(run / "judge/credit_quality.parquet").to_pylist()
-    assert [r["method"] for r in rows] == ["grpo", "high_entropy", "grpo_vps"]
-    grpo, high, vps = rows
+    assert [r["method"] for r in rows] == ["grpo", "high_entropy", "grpo_vps", "control:outcome", "control:baseline"]
+    grpo, high, vps = rows[:3]
     assert grpo["credit_constant"] and not high["credit_constant"]
     assert vps["value_spearman"] is not None and grpo["value_spearman"] is None

@@ -174,21 +174,26 @@ def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
     values = suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=True, scorer=scorer, **common)
     assert calls == [] and all(v.tolist() == [1.0, 1.0] for v in values)
     # Mixed rewards: every slot is scored; log w = 0 - (-1 * len) favours longer suffixes equally.
-    # Leave-one-out: trace 1's group mates both have reward 1 (its value is 1 without scoring);
-    # traces 0 and 2 each weigh their two mates' suffixes at both slots: 2 x 2 x 2 probes.
+    # Leave-one-out: trace 1's group mates both have reward 1 (its value is 1 without scoring).
+    # A mate's suffix cut from the very state of the prefix (the same tokens) has weight exactly 1,
+    # unscored: every suffix at slot 0 (the prompt [1, 2]), and at slot 1 trace 2's for trace 0
+    # and trace 0's for trace 2 ([1, 2, 3]). Scored: trace 1's suffix for traces 0 and 2 at slot 1.
     values = suffix_is_values(None, traces, rewards=[1.0, 0.0, 1.0], self_normalised=True, scorer=scorer, **common)
-    assert calls == [2 * 2 * 2]
-    assert values[0].tolist() == pytest.approx([1 / 2, 1 / 2])
+    assert calls == [2]
+    # Slot 0: equal weights, utilities 0 and 1. Slot 1: the scored suffix has log w = 0 - (-2)
+    # (the fake scorer's log-prob 0 against q's -1 per token), the same-state one log w = 0.
+    assert values[0].tolist() == pytest.approx([1 / 2, 1 / (1 + math.exp(2))])
     assert values[1].tolist() == [1.0, 1.0]
-    # Plain IS weights do not sum to one: the uniform group is scored (each trace, its two mates).
+    # Plain IS weights do not sum to one: the uniform group is scored where states differ (trace
+    # 0: trace 1's suffix at slot 1; trace 1: both mates'; trace 2: trace 1's).
     suffix_is_values(None, traces, rewards=[1.0, 1.0, 1.0], self_normalised=False, scorer=scorer, **common)
-    assert calls[-1] == 3 * 2 * 2
+    assert calls[-1] == 4
 
 
 def test_suffix_is_window_in_segments_covers_whole_segments():
     """Completions of 10 tokens cut at offsets 0, 3 and 7 (matched slots, one group): a window of
-    one segment scores tokens [0, 3), [3, 7) and [7, 10) of each suffix, one of 2 tokens [0, 2),
-    [3, 5), [7, 9); two segments reach [0, 7), [3, 10), [7, 10). Hand-computed log weights: the
+    one segment scores tokens [3, 7) and [7, 10) of each suffix, one of 2 tokens [3, 5), [7, 9);
+    two segments reach [3, 10), [7, 10) (at offset 0 both traces are the prompt: weight 1). Hand-computed log weights: the
     scorer gives -1 per token and q -2 per token, so log w = +1 per scored token."""
     from rredcot_cli.values.suffix_is import suffix_is_values
 
@@ -206,9 +211,10 @@ def test_suffix_is_window_in_segments_covers_whole_segments():
         values = suffix_is_values(None, traces, window=window, window_unit=unit, scorer=scorer, **common)
         return sorted(set((start, start + n) for _, start, n in seen)), values
 
-    assert spans(1, "segments")[0] == [(0, 3), (3, 7), (7, 10)]
-    assert spans(2, "tokens")[0] == [(0, 2), (3, 5), (7, 9)]
-    assert spans(2, "segments")[0] == [(0, 7), (3, 10), (7, 10)]
+    # Slot 0 cuts both traces at the prompt, the same state: weight 1, nothing scored there.
+    assert spans(1, "segments")[0] == [(3, 7), (7, 10)]
+    assert spans(2, "tokens")[0] == [(3, 5), (7, 9)]
+    assert spans(2, "segments")[0] == [(3, 10), (7, 10)]
     # Plain IS, leave-one-out, slot 1: each trace weighs its one mate's suffix (4 tokens, w = e^4).
     # Trace 0's mate has utility 0: V = 0. Trace 1's mate has utility 1: e^4 * 1, capped at the
     # largest utility, 1 (no probability of success exceeds it).
@@ -267,3 +273,28 @@ def test_suffix_is_blames_the_single_wrong_step():
     assert credits[wrong_at] < -0.5
     # Telescoping holds on real estimates too: credits sum to R - V(S_0) = 0 - 5/6.
     assert torch.nansum(credit.segment_credits[5]).item() == pytest.approx(-5 / 6, abs=1e-4)
+
+
+def test_identical_chains_get_exactly_zero_credit():
+    """Two copies of one gold chain (a uniform group, as the tiny model often samples): each copy's
+    suffixes are cut from the very states of the other's prefixes, so every weight is exactly 1,
+    every value 1 and every credit and advantage exactly 0. Scored instead, the sampler's and the
+    scorer's float noise (here: log-probs of 0 recorded at sampling) became credits that the
+    division by the group's spread of credits turned into advantages of order 1, different under
+    data parallelism than in one process."""
+    from rredcot_cli.methods import get_method
+    from rredcot_cli.methods.rredcot import RREDCoTParams
+    from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
+    from rredcot_cli.segmenters import get_segmenter
+    from tests.batches import tiny_chain_credit_batch
+
+    policy, samples, _ = tiny_chain_credit_batch()
+    twins = [dict(samples[0], sample_idx=0), dict(samples[2], sample_idx=1)]
+    assert twins[0]["completion_token_ids"] == twins[1]["completion_token_ids"]
+    segments = segment_rows(twins, policy.tokenizer, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
+                            max_segments=40)
+    batch = credit_batch(twins, segments, answer_probe="Answer: {answer}{eos}")
+    params = {**RREDCoTParams().__dict__, "value": "suffix_is"}
+    credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})
+    assert torch.nan_to_num(credit.segment_credits).abs().max().item() == 0.0
+    assert credit.token_advantages.abs().max().item() == 0.0
