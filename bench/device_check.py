@@ -56,7 +56,7 @@ TEXTS = ["Compute mod 10: 1 +2 *3 -4 +5\n", "Compute mod 10: 7 *7 -2\n", "x = 4\
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO / "results" / "device-check" / "device_check.json"))
+    parser.add_argument("--out", default=str(REPO / "runs" / "bench" / "device-check" / "device_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the script on CPU")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these parts: logprobs sync train throughput memory colocated")

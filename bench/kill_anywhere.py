@@ -168,7 +168,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "kill-anywhere")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "kill-anywhere")
     parser.add_argument("--work", type=Path, help="where the runs go (default: a temporary folder, deleted)")
     parser.add_argument("--reference", type=Path, help="an uninterrupted run dir of the same settings to reuse")
     parser.add_argument("overrides", nargs="*", help="rredcot overrides after the bench's own settings")

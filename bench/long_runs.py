@@ -46,7 +46,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--label", default="run")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "long-runs")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "long-runs")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 

@@ -37,7 +37,7 @@ def metrics_row(step: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10000, 100000])
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "long-runs")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "long-runs")
     args = parser.parse_args()
     import torch
 

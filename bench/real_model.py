@@ -685,7 +685,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="the plumbing on the embedded model, tiny budgets")
     ap.add_argument("--work", default=None)
-    ap.add_argument("--out", default=str(ROOT / "results" / "real-model-speed" / "real_model_speed.json"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "real-model-speed" / "real_model_speed.json"))
     ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write --md from a result file")
     ap.add_argument("--extend", metavar="JSON", help="add this invocation's rows to a result file (its machine, "

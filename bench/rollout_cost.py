@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput" / "rollout_cost.json"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "throughput" / "rollout_cost.json"))
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides")
     args = ap.parse_args()
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO / "results" / "vllm-ddp" / "sampling_ranks.json"))
+    parser.add_argument("--out", default=str(REPO / "runs" / "bench" / "vllm-ddp" / "sampling_ranks.json"))
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (sampling.n)")
     parser.add_argument("--max-new-tokens", type=int, default=256)

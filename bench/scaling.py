@@ -549,7 +549,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile-step", type=int, default=3, help="step whose update runs under torch.profiler (0: none)")
     ap.add_argument("--only", default="", help="comma-separated point names (w2-t1-ddp-grpo, ...) to run")
-    ap.add_argument("--out", default=str(ROOT / "results" / "scaling" / "scaling.json"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "scaling" / "scaling.json"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "scaling.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")

@@ -508,7 +508,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
                     help="an interpreter with vllm and this project installed, for the vllm decode rows")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput" / "throughput.json"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "throughput" / "throughput.json"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "throughput.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides for the training runs")

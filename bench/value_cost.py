@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/rredcot-value-cost/value_cost.json")
+    parser.add_argument("--out", default="runs/bench/rredcot-value-cost/value_cost.json")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CLI's default is 1)")
     parser.add_argument("--cases", default="8,16,80,fixed40,fixed80",
                         help="comma list: N = N-step chains with newline segments, fixedN = fixed 24-token segments")

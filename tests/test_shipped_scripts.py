@@ -99,3 +99,15 @@ def test_real_model_study_resumes_unfinished_runs(tmp_path):
     assert [c.split("run.dir=")[1] for c in calls] == ["runs/real-model/grpo-lr1e-5-seed0 train.resume=true",
                                                        "runs/real-model/grpo-lr1e-5-seed1"]
     assert not any("run.overwrite=true" in c for c in calls)
+
+
+BENCH_SCRIPTS = sorted((REPO / "bench").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS, ids=lambda s: s.name)
+def test_no_bench_script_writes_into_results_by_default(script):
+    """A bench run without --out writes under runs/bench/, not over the committed figures; updating
+    those takes an explicit --out results/... (issue 38 item 5)."""
+    text = script.read_text()
+    defaults = re.findall(r"add_argument\(\s*\"--out\"[^)]*default=([^,)]+(?:\([^)]*\))?[^,)]*)", text)
+    assert not [d for d in defaults if "results" in d], f"{script.name}: --out defaults into results/: {defaults}"
