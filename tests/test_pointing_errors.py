@@ -6,23 +6,9 @@ import os
 import time
 
 import huggingface_hub
-from typer.testing import CliRunner
+from test_bad_input import one_error_line, rredcot  # the CLI in this process; its one error line
 
-from rredcot_cli.cli import app
 from rredcot_cli.store import train_rollouts
-
-runner = CliRunner()
-
-
-def rredcot(*args):
-    result = runner.invoke(app, list(args))
-    return result.exit_code, result.stderr
-
-
-def one_error_line(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("error: ") and "Traceback" not in stderr, stderr
-    return lines[-1]
 
 
 def _saved_step(train_dir, step, method):
