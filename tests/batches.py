@@ -1,8 +1,12 @@
 """Hand-made credit batches shared by the method tests."""
 
+import math
+
 import torch
 
+from rredcot_cli.methods import get_method
 from rredcot_cli.methods.base import CreditBatch
+from rredcot_cli.pipeline import attribute, credit_rows
 
 
 def batch_from_segments(rewards, groups, seg_lengths, padding=0):
@@ -58,3 +62,21 @@ def tiny_chain_credit_batch():
     segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
                             max_segments=40)
     return policy, samples, lambda: credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
+
+
+def run_method(tiny_chain, name, **overrides):
+    """One method through the stage's own path (attribute -> credit_rows) on ``tiny_chain``'s batch,
+    with its default parameters updated by ``overrides``, checking what every method must give:
+    one advantage per completion token, finite credits, zero on padding, and no value in the rows
+    of a method that estimates none. Returns (batch, credit)."""
+    policy, samples, make_batch = tiny_chain
+    batch = make_batch()
+    spec = get_method(name)
+    credit = attribute(spec, batch, {**spec.params().__dict__, **overrides}, {"policy": policy})
+    credits, advantages = credit_rows(samples, batch, credit, name)
+    assert [len(a["token_advantages"]) for a in advantages] == [len(s["completion_token_ids"]) for s in samples]
+    assert all(math.isfinite(r["credit"]) for r in credits)
+    assert torch.all(credit.token_advantages[~batch.token_mask] == 0)
+    if credit.segment_values is None:
+        assert all(r["value"] is None for r in credits)
+    return batch, credit

@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batches import run_method
+
 from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods._token_weights import reweighted_credit
@@ -158,19 +160,6 @@ def test_remove_block_takes_the_first_listed_block_once():
 # ------------------------------------------------------------------------------------------
 # On the embedded tiny model, through credit_batch -> attribute -> credit_rows
 # ------------------------------------------------------------------------------------------
-
-
-def run_method(tiny_chain, name, **overrides):
-    from rredcot_cli.pipeline import attribute, credit_rows
-
-    policy, samples, make_batch = tiny_chain
-    batch = make_batch()
-    params = {**get_method(name).params().__dict__, **overrides}
-    credit = attribute(get_method(name), batch, params, {"policy": policy})
-    credits, advantages = credit_rows(samples, batch, credit, name)
-    assert [len(a["token_advantages"]) for a in advantages] == [len(s["completion_token_ids"]) for s in samples]
-    assert all(r["value"] is None and math.isfinite(r["credit"]) for r in credits)
-    return batch, credit
 
 
 def check_reweighting(batch, credit):

@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from batches import batch_from_segments
+from batches import batch_from_segments, run_method
 from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
-from rredcot_cli.methods.base import CreditBatch
 from rredcot_cli.methods.delta_belief import belief_changes, delta_belief_credit, shape_changes, turnwise_grpo
 from rredcot_cli.methods.ktae import fisher_exact_p, group_key_tokens, information_gain, key_token_values
 
@@ -204,20 +203,6 @@ def test_ktae_adds_key_token_values_to_the_grpo_advantage():
 # ------------------------------------------------------------------------------------------
 # On the embedded tiny model, through credit_batch -> attribute -> credit_rows
 # ------------------------------------------------------------------------------------------
-
-
-def run_method(tiny_chain, name, **overrides):
-    from rredcot_cli.pipeline import attribute, credit_rows
-
-    policy, samples, make_batch = tiny_chain
-    batch = make_batch()
-    params = {**get_method(name).params().__dict__, **overrides}
-    credit = attribute(get_method(name), batch, params, {"policy": policy})
-    credits, advantages = credit_rows(samples, batch, credit, name)
-    assert [len(a["token_advantages"]) for a in advantages] == [len(s["completion_token_ids"]) for s in samples]
-    assert all(math.isfinite(r["credit"]) for r in credits)
-    assert torch.all(credit.token_advantages[~batch.token_mask] == 0)
-    return batch, credit
 
 
 def test_delta_belief_on_tiny_model(tiny_chain):

@@ -212,7 +212,7 @@ def test_selected_credit_is_what_the_update_trains_on():
 def test_judge_runs_both_credit_rivals(tmp_path):
     """`rredcot judge` on both: grpo_vps with its probe values, high_entropy on the credit its
     loss would train on (GRPO's advantage on the selected tokens: segments differ)."""
-    run = tmp_path / "runs" / "rivals30"
+    run = tmp_path / "runs" / "entropy-and-vps"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     small = SMALL[:4]
     for args in (["sample", "sample.num_prompts=2"], ["segment"],
