@@ -7,7 +7,7 @@ Prefixes are prompt + the first half of the gold solution's lines, for problems 
 continuations sampled by the shipped model at temperature 1, top-p 1, seed 0 (the reference's
 setting), each continuation up to the setting's ``max_new_tokens`` (one budget for all). Every
 backend is timed through the backend protocol's ``continuations`` (rredcot_cli/policy/base.py) on
-the same prefixes with the same k and budget: ``HFBackend`` (backends/continuations.py's sampler)
+the same prefixes with the same k and budget: ``HFBackend`` (rredcot_cli/policy/continuations.py's sampler)
 and ``VLLMBackend`` (vLLM 0.32, ``n=k`` per prefix; on CPU: float32, ``enforce_eager``, the
 backend's default 1 GiB KV cache, as tests/policy/test_vllm_backend.py builds it). The two draw
 different random streams, so their continuation lengths agree in distribution, not exactly.

@@ -129,3 +129,65 @@ def test_a_results_folder_named_runs_is_not_ignored():
     assert ignored("runs/quick/train/summary.json")  # the default run dirs stay out of the repository
     assert not ignored("results/real-model-h200/runs/grpo-lr1e-5-seed0/train/summary.json")
     assert not ignored("results/some-study/runs/x/train/metrics.parquet")
+
+
+# --------------------------------------------------------------------------- code and configs
+
+# Where code and configs cite documentation pages and package modules: docstrings, comments and help
+# texts of these folders. (Results files a script writes, or a plugin a test makes, need not exist.)
+CITING_CODE = ("rredcot_cli", "conf", "bench", "scripts", "tests")
+CODE_CITATION = re.compile(r"(?<![\w./$~-])((?:docs|rredcot_cli)/[\w./-]*[\w-])")
+# The design notes as the code once cited them, from outside the repository (before docs/design/).
+BARE_DESIGN_NOTE = re.compile(r"(?<![\w/-])(?:shared/docs/)?(design|rredcot-method|peer-methods)\.md")
+
+
+# Modules that moved, as docstrings used to name them, and where they went.
+MOVED_MODULES = {
+    re.compile(r"(?<![\w/])backends/"): "rredcot_cli/policy/",
+    re.compile(r"(?<![\w.])rollout\.(?:encode_prompt|credit_batch|\w+_batch)\b"): "policy.load.encode_prompt, pipeline.credit_batch",
+}
+
+
+def _code_files():
+    for folder in CITING_CODE:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in {".py", ".yaml", ".sh"} and path.is_file():
+                yield path
+
+
+def missing_code_citations(known: set[str]) -> list[str]:
+    """``file:line: path`` for every repository path a code or config file cites that is not in the
+    repository (a folder counts; a trailing ``.`` of the sentence does not)."""
+    missing = []
+    for path in _code_files():
+        name = path.relative_to(ROOT).as_posix()
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in CODE_CITATION.finditer(line):
+                cited = _checked_part(match.group(1)).rstrip(".")
+                if cited and cited not in known:
+                    missing.append(f"{name}:{number}: {cited}")
+    return missing
+
+
+def test_every_repository_path_the_code_and_configs_cite_exists():
+    missing = missing_code_citations(_repository_paths())
+    assert not missing, "cited by code or config but not in the repository (moved? point it at the new place):\n" + \
+        "\n".join(missing)
+
+
+def test_the_design_notes_are_cited_inside_the_repository():
+    """Docstrings and configs cite the design notes under docs/design/, not by a bare name that
+    sends a reader to files outside the repository."""
+    bare = [f"{path.relative_to(ROOT).as_posix()}:{number}: {line.strip()}"
+            for path in _code_files() if path.name != "test_cited_paths.py"
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if any(not line[:m.start()].endswith("docs/design/") for m in BARE_DESIGN_NOTE.finditer(line))]
+    assert not bare, "cite docs/design/<note>.md:\n" + "\n".join(bare)
+
+
+def test_no_code_names_a_module_that_moved():
+    stale = [f"{path.relative_to(ROOT).as_posix()}:{number}: {line.strip()} (now {where})"
+             for path in _code_files() if path.name != "test_cited_paths.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             for pattern, where in MOVED_MODULES.items() if pattern.search(line)]
+    assert not stale, "names a module that moved:\n" + "\n".join(stale)

@@ -13,7 +13,7 @@ left out of every context, so the probe asks for the answer after the reasoning 
 the model already wrote one (which it would mostly copy), and the final segment's attribution is
 0. ``answer_segment="none"`` scores after the whole completion (trailing EOS removed).
 
-Advantages (INFERRED; peer-methods.md gives no rule for attribution baselines, so this follows its
+Advantages (INFERRED; docs/design/peer-methods.md gives no rule for attribution baselines, so this follows its
 section 0/9 recipe for token weights, the form OAR and CSCR use). Attributions a_{i,k} say how much
 segment k raises the verified answer's score. With the GRPO outcome advantage A_i:
 

@@ -4,7 +4,7 @@ methods (cscr, sc_grpo, cort).
 Every context is scored with the same helper and the same model, base context included, rather
 than reusing the sampling log-probs: those come from the generation kernels at the sampling
 temperature, and a contrast between two differently computed numbers measures the difference in
-computation as well as in context (peer-methods.md section 7, arXiv 2606.15621).
+computation as well as in context (docs/design/peer-methods.md section 7, arXiv 2606.15621).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared pieces of the token-reweighting methods (cscr, sc_grpo, cort), which all compute
 A_{i,t} = A_i * w_{i,t} with stop-gradient weights w >= 0 of mean 1 over a completion's tokens
-(peer-methods.md section 0: the "credit budget" sum_t A_{i,t} = T_i A_i is preserved).
+(docs/design/peer-methods.md section 0: the "credit budget" sum_t A_{i,t} = T_i A_i is preserved).
 
 Pure tensor functions on (B, T) inputs with a (B, T) bool ``mask`` of completion tokens; every
 output is exactly 0 on padding.

@@ -6,7 +6,7 @@ The abstract [ABS]: in rubric-conditioned GRPO, re-score each sampled response u
 rubric-conditioned prompt it was sampled with and under a matched criteria-free prompt; the
 tokenwise log-likelihood contrasts proxy how much a token depends on the rubric and become
 bounded, response-normalised weights that redistribute the signed GRPO advantage. The full text
-was not available: the forms below are INFERRED (shared/docs/peer-methods.md section 4), and
+was not available: the forms below are INFERRED (docs/design/peer-methods.md section 4), and
 every inferred choice is a knob.
 
 The benchmarks here have no rubric, so this is the **CoRT-analog** the spec prescribes for math:

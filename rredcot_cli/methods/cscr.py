@@ -7,7 +7,7 @@ conditions, one asserting it is correct and one asserting it is incorrect; token
 log-probability shifts a lot under *both* are substitutable surface form, not learning value, so
 CSCR down-weights them and renormalises, keeping the credit budget and the advantage's sign.
 The full text was not available: everything below the first step is INFERRED
-(shared/docs/peer-methods.md section 2), and every inferred choice is a knob.
+(docs/design/peer-methods.md section 2), and every inferred choice is a knob.
 
     A_i            host advantage: GRPO (``scale_by_std``) or Dr. GRPO
     l_t(c)         log pi(y_t | c, y_<t), all contexts rescored with the same teacher-forced pass

@@ -1,7 +1,7 @@
 """``gradient``: gradient x input (Shrikumar et al., 2016; Denil et al., 2014) or integrated
 gradients (Sundararajan et al., ICML 2017, arXiv 1703.01365) of the forced answer's score with
 respect to the completion's token embeddings, summed per segment (OAR's saliency variant,
-arXiv 2601.07408; peer-methods.md section 7).
+arXiv 2601.07408; docs/design/peer-methods.md section 7).
 
 For completion i with reasoning context c_i (prompt + completion up to its answer segment, see
 rredcot_cli/methods/_attribution.py), token embeddings e_t and answer score s (log-probability of

@@ -1,6 +1,6 @@
 """``loo``: leave-one-segment-out attribution (occlusion; Zeiler & Fergus, 2014, applied to
 reasoning spans as in "causal credit" span masking, arXiv 2602.09331, and OAR's perturbation
-importance, arXiv 2601.07408; peer-methods.md section 7).
+importance, arXiv 2601.07408; docs/design/peer-methods.md section 7).
 
 For completion i with reasoning context c_i (prompt + completion up to its answer segment, see
 rredcot_cli/methods/_attribution.py) and segments S_1..S_K:

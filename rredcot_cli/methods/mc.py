@@ -1,5 +1,5 @@
 """``mc``: VinePPO-style Monte Carlo state values (Kazemnejad et al., "VinePPO", arXiv 2410.01679,
-ICML 2025; peer-methods.md section 6.1).
+ICML 2025; docs/design/peer-methods.md section 6.1).
 
 From every segment boundary S_k of every completion, ``k`` continuations are sampled from the
 current policy and verified by the benchmark (rredcot_cli/values/mc.py):
@@ -34,7 +34,7 @@ Where this deviates from the paper, and why:
 
 Cost: per completion with K_i segments, K_i x k continuations (plus k per prompt for V(S_0))
 of average length about half a completion: roughly 1 + k K_i / 2 completion-equivalents of
-generation (peer-methods.md section 6.1); ``batch.extras["value_stats"]`` records prefill and
+generation (docs/design/peer-methods.md section 6.1); ``batch.extras["value_stats"]`` records prefill and
 generated tokens.
 """
 
@@ -136,7 +136,7 @@ def batch_verifier(batch: CreditBatch, tokenizer) -> Callable[[int, list[int], s
     names = extras.get("benchmarks")
     if not names or any(n is None for n in names):
         raise ValueError("mc verifies continuations and needs each sample's benchmark name "
-                         "(batch.extras['benchmarks'], filled by rollout.credit_batch from the samples)")
+                         "(batch.extras['benchmarks'], filled by pipeline.credit_batch from the samples)")
     gold = extras["gold_answers"]
     prompt_ids = extras.get("prompt_ids") or [str(i) for i in range(len(gold))]
     configured = extras.get("benchmark")

@@ -1,7 +1,7 @@
 """``ppo``: PPO's advantage from a learned critic and generalised advantage estimation
 (Schulman et al., "High-Dimensional Continuous Control Using Generalized Advantage Estimation",
 arXiv 1506.02438; "Proximal Policy Optimization Algorithms", arXiv 1707.06347), in the form RLVR
-toolkits use for language models (verl ``compute_gae_advantage_return``; peer-methods.md 1.5).
+toolkits use for language models (verl ``compute_gae_advantage_return``; docs/design/peer-methods.md section 1.5).
 
 A completion of T tokens is an episode of T actions; state s_t is the prompt plus the first t
 completion tokens, V(s_t) the critic's estimate (rredcot_cli/train/critic.py) and the only reward is the

@@ -30,7 +30,7 @@ non-positive): with the own suffix gone, self-normalised weights would hand the 
 whatever their plausibility (a wrong chain whose mates are all right would be valued 1 at every
 step); ordinary weights let implausible suffixes pull V towards 0.
 The paper's advantage rule is not public; the three documented candidates are options
-(rredcot-method.md section 6), with sigma = std of all segment rewards of the group:
+(docs/design/rredcot-method.md section 6), with sigma = std of all segment rewards of the group:
   immediate     A_t = r_k(t) / sigma                       (RUDDER: no reward-to-go needed)
   reward_to_go  A_t = sum_{j >= k(t)} (r_j - mean) / sigma (DeepSeekMath process supervision)
   mixed         A_t = A_GRPO + mix_lambda * r_k(t) / sigma (keeps the outcome signal)
@@ -70,7 +70,7 @@ class RREDCoTParams:
     eps: float = 1e-6  # added to the group's std of segment rewards
     # answer_probe: forced-answer template with {answer} (and {eos}); null = the benchmark's.
     probe_template: Optional[str] = None
-    # suffix_is options (design.md section 4)
+    # suffix_is options (docs/design/rredcot-method.md section 4.2)
     is_boundaries: Literal["matched", "all"] = "matched"  # suffixes cut at the same segment index k, or at every boundary
     # Divide by the sum of the importance weights instead of their number. Off: ordinary IS, whose
     # implausible foreign suffixes pull V towards 0 (the paper's non-positive bias; values/suffix_is.py).

@@ -6,7 +6,7 @@ own verified (correct) completions; conditioning induces a per-token KL between 
 the conditioned next-token distributions; that KL is used as a multiplicative weight on the GRPO
 advantage, not as a distillation loss (distilling towards several verified solutions would pull
 towards an infeasible average of them). The full text was not available: the forms below are
-INFERRED (shared/docs/peer-methods.md section 3), and every inferred choice is a knob.
+INFERRED (docs/design/peer-methods.md section 3), and every inferred choice is a knob.
 
     A_i        host advantage: GRPO (``scale_by_std``) or Dr. GRPO
     y_ref      a verified completion of the same group other than y_i (``ref_pick``: shortest or

@@ -31,7 +31,7 @@ class Backend(Protocol):
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, outer list aligned with ``prompt_ids``.
 
-        Prompts arrive as token ids (``rollout.encode_prompt``), so the tokens a backend samples
+        Prompts arrive as token ids (``policy.load.encode_prompt``), so the tokens a backend samples
         from are exactly the ones the trainer scores: no backend tokenizes text on its own."""
 
     def score(

@@ -9,7 +9,7 @@ the inputs before the prefill).
 Randomness is per prefix: the Gumbel noise of a prefix's K rows comes from a generator seeded by
 ``prefix_seed(seed, prefix tokens)``, so a continuation depends on (model, prefix, seed, K,
 sampling settings) only, not on which other prefixes share its batch. The vLLM backend seeds its
-requests with the same ``prefix_seed`` (backends/vllm.py ``continuations``).
+requests with the same ``prefix_seed`` (rredcot_cli/policy/vllm.py ``continuations``).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _plain_generation_config(model) -> bool:
 
 
 class HFBackend:
-    """Backend on a transformers causal LM (see ``backends/base.py`` for the contract).
+    """Backend on a transformers causal LM (see ``rredcot_cli/policy/base.py`` for the contract).
 
     ``model`` must already sit on ``device``. ``batch_size`` is the number of sequences
     (prompts x samples) per ``generate`` call and per scoring forward pass.
@@ -295,7 +295,7 @@ class HFBackend:
     def continuations(self, prefixes: list[list[int]], *, k: int, max_new_tokens: int | list[int],
                       temperature: float, top_p: float, seed: int, rows_per_forward: int = 64,
                       stats: dict | None = None) -> list[list[list[int]]]:
-        """``k`` continuations of every prefix (backends/continuations.py: each prefix's KV cache
+        """``k`` continuations of every prefix (rredcot_cli/policy/continuations.py: each prefix's KV cache
         shared by its k rows, randomness seeded by the prefix's tokens), ``rows_per_forward`` rows
         decoded together."""
         return sample_continuations(self.model, prefixes, k=k, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -17,9 +17,9 @@ What has run where:
   first things to run on one.
 
 Importing this module does not import vLLM; the constructor does. The contract is the one in
-``backends/base.py`` and matches ``HFBackend``:
+``rredcot_cli/policy/base.py`` and matches ``HFBackend``:
 
-* prompts arrive as token ids (``rollout.encode_prompt``) and go to vLLM as ``TokensPrompt``;
+* prompts arrive as token ids (``policy.load.encode_prompt``) and go to vLLM as ``TokensPrompt``;
 * each of the ``n`` samples of a prompt is its own request with its own seed (``request_seed``
   of the call's seed, the prompt's index in the call and the sample's index), so a sample does
   not depend on vLLM's fan-out of ``n`` or on what else the engine batches with it;
@@ -157,7 +157,7 @@ def write_weight_files(weights: list[tuple[str, Any]], folder: Path, dtype: Any,
 
 
 class VLLMBackend:
-    """Backend on a ``vllm.LLM`` engine (see ``backends/base.py`` for the contract and the
+    """Backend on a ``vllm.LLM`` engine (see ``rredcot_cli/policy/base.py`` for the contract and the
     module docstring for how weights reach the engine).
 
     ``device``: auto | cpu | cuda, checked against the platform the installed vLLM build runs on.

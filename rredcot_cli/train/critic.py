@@ -21,7 +21,7 @@ Cost: a second trainable model of the policy's size (a full copy of its body) pl
 state (two more copies), and one forward pass over the batch for ``values`` plus a forward and
 backward pass per minibatch step in ``fit``.
 
-Rows are packed like the policy's (``backends/hf.py``): ``[left pad | prompt | completion |
+Rows are packed like the policy's (``rredcot_cli/policy/hf.py``): ``[left pad | prompt | completion |
 right pad]`` with position ids counting real tokens only, so a row's values do not depend on
 what it is batched with.
 """

@@ -97,7 +97,7 @@ class TrainSettings:
 @dataclass
 class Learned:
     """What a step with an update learned from and measured: the segments, the credit batch
-    (``rollout.credit_batch``), the method's credit, the update's and the critic's statistics."""
+    (``pipeline.credit_batch``), the method's credit, the update's and the critic's statistics."""
 
     segments: list[dict]
     batch: Any

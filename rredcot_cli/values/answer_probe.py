@@ -1,5 +1,5 @@
 """``answer_probe``: the probability mass the model puts on verified answers if forced to answer
-right after a prefix (RREDCoT's deterministic-support estimator, rredcot-method.md section 4.2).
+right after a prefix (RREDCoT's deterministic-support estimator, docs/design/rredcot-method.md section 4.2).
 
     V(S_k) = sum_{y in D} pi(y | S_k, probe) * U(y)
 

@@ -7,7 +7,7 @@ and the attribution methods are judged against: with K continuations an estimate
 error sqrt(V(1-V)/K) <= 0.5/sqrt(K).
 
 The continuations come from the policy's backend (``Backend.continuations``: the HF sampler in
-backends/continuations.py, or vLLM with ``n=K`` per prefix), so MC values and the judge's
+rredcot_cli/policy/continuations.py, or vLLM with ``n=K`` per prefix), so MC values and the judge's
 reference run on whichever engine samples. Identical prefixes (every completion's empty prefix
 S_0, equal completion starts within a group) are sampled once.
 """

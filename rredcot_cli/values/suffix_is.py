@@ -1,5 +1,5 @@
 """``suffix_is``: importance sampling over continuations the group already sampled
-(RREDCoT's IS estimator, rredcot-method.md section 4.2; design.md section 4).
+(RREDCoT's IS estimator, docs/design/rredcot-method.md section 4.2).
 
 A suffix y of trace j, cut at its boundary m, was drawn from q = pi_old(. | S_j,m). Re-scored after
 the prefix S_i,k of trace i, it estimates
