@@ -20,7 +20,7 @@ keeps what finished):
                   stop early).
 5. ``memory``     one policy update of random-init Qwen2.5-0.5B at 1k tokens with the memory
                   options on (bf16-mixed, checkpointing, chunked LM head, micro-batch 1): peak
-                  allocated/reserved CUDA memory, to set beside docs/memory.md's derived numbers.
+                  allocated/reserved CUDA memory, to set beside docs/studies/memory.md's derived numbers.
 6. ``colocated``  with 2+ GPUs: ``torchrun --nproc-per-node=2 -m rredcot_cli train backend=vllm``,
                   an engine per rank colocated with its trainer (sleep mode on), for ddp and fsdp2,
                   then both ranks sharing one engine (``backend.tensor_parallel_size=2``), each

@@ -26,9 +26,9 @@ retained heap.
     python bench/memory.py --quick                         # one small point, < 1 min
     python bench/memory.py --plan full --out results/memory/memory.json
     python bench/memory.py --models qwen2.5-0.5b --lengths 1024 --options all,lora_all --layers 2,6
-    python bench/memory.py --derive results/memory/memory.json  # fits-on tables (docs/memory.md)
+    python bench/memory.py --derive results/memory/memory.json  # fits-on tables (docs/studies/memory.md)
 
-``--derive`` turns the measurements into whole-model, GPU-side estimates (docs/memory.md says
+``--derive`` turns the measurements into whole-model, GPU-side estimates (docs/studies/memory.md says
 how) and writes them beside the input as memory_derived.json.
 """
 
@@ -121,7 +121,7 @@ def _full_layers(model: str) -> int:
 
 def plan(name: str) -> list[Point]:
     """The named measurement plans. ``full`` is what results/memory/memory.json holds; its choice of
-    points (and why) is written up in docs/memory.md."""
+    points (and why) is written up in docs/studies/memory.md."""
     if name == "quick":
         return [Point("qwen2.5-0.5b", 1, 256, 2, "all")]
     if name != "full":
@@ -130,7 +130,7 @@ def plan(name: str) -> list[Point]:
     P = Point
     mixed = ("baseline", "chunk", "ckpt", "micro1", "ckpt_chunk", "all")  # bf16-mixed full fine-tuning
     # In the order they were measured at commit 1aa4279's code (most needed first). The points
-    # marked "re-used" were measured at f0aeb72, before it; docs/memory.md says why its changes
+    # marked "re-used" were measured at f0aeb72, before it; docs/studies/memory.md says why its changes
     # cannot move them (no autocast, or only LoRA's few fp32 adapter weights cast) and
     # results/memory/memory.json marks them ``reused_from``. --resume keeps them.
     return [
@@ -169,7 +169,7 @@ def plan(name: str) -> list[Point]:
         *(P(big, n, 4096, 1, o) for n in (2, 4) for o in ("bf16true_all", "lora_all")),
         # 7B width (untied 152k x 3584 embedding and head) at 1 and 2 layers, where the training
         # state fits this machine: LoRA and bf16-true (bf16-mixed needs 16 bytes/parameter, 21 GB
-        # at one layer). The 7B bf16-mixed estimate is derived from these (docs/memory.md).
+        # at one layer). The 7B bf16-mixed estimate is derived from these (docs/studies/memory.md).
         *(P(huge, n, 1024, 1, o) for n in (1, 2) for o in ("lora_all", "bf16true_all")),
         *(P(huge, 1, 4096, 1, o) for o in ("lora_all", "bf16true_all")),  # 2 layers at 4k: 10 min each
     ]
@@ -474,7 +474,7 @@ PHASES = ("prepass", "forward", "backward", "step", "other")
 # Usable memory of a representative card of each size (nvidia-smi's total).
 ACCELERATORS = {"24 GB": 23_034 * MIB, "40 GB": 40_960 * MIB, "80 GB": 81_559 * MIB, "141 GB": 143_771 * MIB}
 ACCELERATOR_CARDS = {"24 GB": "L4", "40 GB": "A100-40GB", "80 GB": "H100-80GB", "141 GB": "H200"}
-# GPU-side assumptions (not measured here; docs/memory.md says why these values):
+# GPU-side assumptions (not measured here; docs/studies/memory.md says why these values):
 CUDA_CONTEXT = 1.0 * GIB  # CUDA context + cuBLAS workspaces of the one process (vLLM in-process, TP=1)
 ENGINE_WORKSPACE = 1.5 * GIB  # vLLM awake, beyond weights and KV cache: activations, CUDA graphs, sampler
 ENGINE_ASLEEP = 1.0 * GIB  # what LLM.sleep(level=2) leaves: graph pools, allocator residue
@@ -886,7 +886,7 @@ def _g(x: float) -> str:
 
 
 def report(d: dict) -> str:
-    """The derived tables as markdown (docs/memory.md quotes them)."""
+    """The derived tables as markdown (docs/studies/memory.md quotes them)."""
     lines = ["### Static state: arithmetic vs measured (MiB; one row per model, depth and options)", "",
              "| model/depth/options | params | W+M arithmetic | W+M tensors | RSS setup - imports | G arithmetic | G tensors |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -18,7 +18,7 @@ from `metrics.parquet`'s `eval_accuracy` and `eval_after`; the eval before train
 is the same model in both arms): the area under the eval curve, i.e. sample efficiency. Every run of
 a folder must have evaluated at the same steps, or the means would not be comparable (refused).
 
-Each comparison's pooled differences also get (docs/where-credit-pays.md registers them):
+Each comparison's pooled differences also get (docs/studies/where-credit-pays.md registers them):
 - `sign_flip_p`: the two-sided sign-flip permutation p-value of the mean difference, exact (all
   2^n flips) up to `EXACT_FLIPS_UP_TO` pairs, else `MONTE_CARLO_FLIPS` random flips (seed 0);
 - `tost_p` at `--margin` m: two one-sided t tests of "the mean difference is <= -m" and ">= +m"
@@ -156,7 +156,7 @@ def mde(diffs: list[float]) -> float:
 
 
 def verdict(mean: float, high: float, p_flip: float, p_tost: float, margin: float) -> str:
-    """The registered one-line verdict (docs/where-credit-pays.md)."""
+    """The registered one-line verdict (docs/studies/where-credit-pays.md)."""
     if p_flip < ALPHA and mean > 0:
         return "helps"
     if high < margin:

@@ -2,8 +2,8 @@
 (issue 27, item 3).
 
     python bench/real_model.py                     # everything (~20 min) -> results/real-model-speed/real_model_speed.json
-    python bench/real_model.py --md docs/real-model-speed.md   # ... and the generated part of the write-up
-    python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/real-model-speed.md
+    python bench/real_model.py --md docs/studies/real-model-speed.md   # ... and the generated part of the write-up
+    python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/studies/real-model-speed.md
     python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
 
 What it measures, every figure with the CPU other processes used meanwhile (bench/scaling.py's

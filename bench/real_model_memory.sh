@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Peak RSS of `rredcot train` on SmolLM2-135M-Instruct (arith, 8 prompts x 4 samples, <= 128 new
-# tokens, 2 steps, seed 0, one torch thread) under the memory options of docs/real-model-speed.md,
+# tokens, 2 steps, seed 0, one torch thread) under the memory options of docs/studies/real-model-speed.md,
 # against the floor of weights + gradients + AdamW moments (16 B per parameter in fp32).
 #
 #   bench/real_model_memory.sh [WORK]           # runs every config, then writes the JSON
@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 work, out, configs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3:]
 timing = re.compile(r"(sec|time|per_s)")
-params = 134_515_008  # SmolLM2-135M-Instruct (docs/real-model-speed.md)
+params = 134_515_008  # SmolLM2-135M-Instruct (docs/studies/real-model-speed.md)
 floor = 16 * params
 rows, base = [], None
 for c in configs:

@@ -39,7 +39,7 @@ cross-check, and that step is left out of the s/step averages. Step 1 (warm-up) 
 
     python bench/scaling.py                       # the whole matrix -> results/scaling/scaling.json
     python bench/scaling.py --methods grpo --steps 4 --out /tmp/s.json   # a quick look
-    python bench/scaling.py --write-md results/scaling/scaling.json           # (re)write docs/scaling.md
+    python bench/scaling.py --write-md results/scaling/scaling.json           # (re)write docs/studies/scaling.md
 
 Each point's ``seconds`` per step come from the run's own ``train/metrics.parquet`` (rank 0);
 the phases from the driver's timers. ``others_cores`` is the CPU other processes on the machine
@@ -550,7 +550,7 @@ def main() -> None:
     ap.add_argument("--profile-step", type=int, default=3, help="step whose update runs under torch.profiler (0: none)")
     ap.add_argument("--only", default="", help="comma-separated point names (w2-t1-ddp-grpo, ...) to run")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "scaling" / "scaling.json"))
-    ap.add_argument("--md", default=str(ROOT / "docs" / "scaling.md"))
+    ap.add_argument("--md", default=str(ROOT / "docs" / "studies" / "scaling.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides (driver: all of them)")

@@ -14,7 +14,7 @@ step seconds. Runs that differ after step 1 draw different samples (the policies
 ratio compares whole runs at one budget, not one batch under two methods.
 
 Nothing is timed here: the seconds are what the runs wrote; whether the machine was quiet is the
-caller's to say (docs/real-model.md says it per figure).
+caller's to say (docs/studies/real-model.md says it per figure).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Training throughput of GRPO, RREDCoT and TRL's GRPOTrainer side by side, where a step's time
 goes, and how fast the backends decode at the default length and at ~1,000 tokens.
 
-    python bench/throughput.py                  # everything -> results/throughput/throughput.json, docs/throughput.md
+    python bench/throughput.py                  # everything -> results/throughput/throughput.json, docs/studies/throughput.md
     python bench/throughput.py --steps 4 --repeats 1 --decode none --out /tmp/t.json --md /tmp/t.md   # a look
     PYTHONPATH=/dir/with/trl python bench/throughput.py   # with TRL's rows (trl 1.16 + datasets importable)
     python bench/throughput.py --write-md results/throughput/throughput.json   # (re)write the markdown only
@@ -509,7 +509,7 @@ def main() -> None:
                     help="an interpreter with vllm and this project installed, for the vllm decode rows")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "throughput" / "throughput.json"))
-    ap.add_argument("--md", default=str(ROOT / "docs" / "throughput.md"))
+    ap.add_argument("--md", default=str(ROOT / "docs" / "studies" / "throughput.md"))
     ap.add_argument("--write-md", metavar="JSON", help="only (re)write the markdown from a result file")
     ap.add_argument("overrides", nargs="*", help="extra rredcot overrides for the training runs")
     args = ap.parse_args()

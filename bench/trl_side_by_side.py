@@ -33,7 +33,7 @@ steps; AdamW betas (0.9, 0.99), weight decay 0, grad-norm clip 1.0; beta (KL) 0;
 token-mean loss; fp32 weights and compute. Afterwards each side's final model is scored by the
 same command, `rredcot eval model.path=FINAL benchmark=arith eval.num_problems=39 eval.n=4
 sampling.max_new_tokens=48 seed=S` (held-out pass@1 over the 39 test questions x 4 samples, the
-numbers docs/real-model.md compares), so the two pass@1 values differ only by the training.
+numbers docs/studies/real-model.md compares), so the two pass@1 values differ only by the training.
 
 How rredcot's knobs map onto GRPOConfig (TRL 1.16; checked against trl/trainer/grpo_config.py and
 grpo_trainer.py):

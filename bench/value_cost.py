@@ -30,7 +30,7 @@ from rredcot_cli.policy.load import load_policy
 from rredcot_cli.pipeline import attribute, credit_batch, sample_rows, segment_rows
 from rredcot_cli.segmenters import get_segmenter
 
-# suffix_is windows in tokens, as docs/rredcot-value-cost.md measured them (16 tokens was the
+# suffix_is windows in tokens, as docs/studies/rredcot-value-cost.md measured them (16 tokens was the
 # default then; the default is now one segment).
 TOKENS_16 = {"is_window": 16, "is_window_unit": "tokens"}
 ESTIMATORS = {

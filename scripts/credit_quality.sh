@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Credit quality with intervals (docs/credit-quality.md): sample a batch of prompts once, segment
+# Credit quality with intervals (docs/studies/credit-quality.md): sample a batch of prompts once, segment
 # it, and judge every credit method on BATCHES independent batches of it (whole prompt groups),
 # so every column of the table has a 95% interval over batches.
 #

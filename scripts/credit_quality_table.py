@@ -1,4 +1,4 @@
-"""The credit-quality table of docs/credit-quality.md from one or more `rredcot judge` outputs
+"""The credit-quality table of docs/studies/credit-quality.md from one or more `rredcot judge` outputs
 (``credit_quality.parquet``, one row per method and batch): mean ± half-width of the 95% Student-t
 interval over batches per column, then paired differences of two methods over the same batches.
 

@@ -8,7 +8,7 @@ pair, so each batch can be judged by its own `rredcot judge` (judge.batches=1):
 The cut is `rredcot judge`'s own (stages/judge.split_batches: contiguous runs of whole prompt
 groups, split_evenly), and a trace's Monte Carlo reference depends on (seed, prefix) only, so a
 batch judged alone gets the same reference values, and every method the same row, as that batch
-in one judge of all the traces (checked on grpo's rows in docs/credit-quality.md). Judged apart,
+in one judge of all the traces (checked on grpo's rows in docs/studies/credit-quality.md). Judged apart,
 the batches can run one at a time on a busy machine and each finished one counts.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The length ladder's headroom table (docs/long-chains.md, the model cards, the README): sampled
+# The length ladder's headroom table (docs/studies/long-chains.md, the model cards, the README): sampled
 # pass@1 (8 samples at T=1) and greedy accuracy of each model on each rung, with the completion
 # length, via `rredcot eval`.
 #

@@ -1,6 +1,6 @@
 """Write the packaged `arith` benchmark (rredcot_cli/data/arith/{train,test}.jsonl): short
 arithmetic questions for a small pretrained instruct model, where SmolLM2-135M-Instruct's sampled
-pass@1 has room both ways (docs/real-model.md).
+pass@1 has room both ways (docs/studies/real-model.md).
 
 Every ordered pair (a, b) of single digits, as "a + b" and as "a - b" with a >= b (155 questions),
 split 3:1 into train and test by a seeded shuffle, so the two splits share no question.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The small real-model study (docs/real-model.md): SmolLM2-135M-Instruct on benchmark=arith.
+# The small real-model study (docs/studies/real-model.md): SmolLM2-135M-Instruct on benchmark=arith.
 #
 #   scripts/real_model_study.sh pilot     # GRPO, seed 0, at each of $LRS: does it learn in the budget?
 #   LR=1e-5 scripts/real_model_study.sh study   # grpo, rredcot (suffix_is), rloo x $SEEDS at one lr

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The registered protocol of docs/where-credit-pays.md, and nothing else: every number (budget, arms,
+# The registered protocol of docs/studies/where-credit-pays.md, and nothing else: every number (budget, arms,
 # seeds, rate grid, tuning seeds, margin) is read from results/where-credit-pays/protocol.json, the
 # file the document embeds verbatim (tests/test_where_credit_pays.py keeps the two equal).
 #
@@ -56,7 +56,7 @@ PY
 
 status=$(proto status)
 if [[ $status != registered ]]; then
-  echo "error: setting $setting is registered as '$status' in $PROTOCOL (docs/where-credit-pays.md says what it needs); run setting A" >&2
+  echo "error: setting $setting is registered as '$status' in $PROTOCOL (docs/studies/where-credit-pays.md says what it needs); run setting A" >&2
   exit 2
 fi
 case $phase in

@@ -1,4 +1,4 @@
-"""The pre-registration (docs/where-credit-pays.md) and its driver (scripts/where_credit_pays.sh)
+"""The pre-registration (docs/studies/where-credit-pays.md) and its driver (scripts/where_credit_pays.sh)
 cannot drift apart: the document embeds results/where-credit-pays/protocol.json verbatim, and the
 script's dry run lists exactly the registered arms, seeds, budget, rate grid and statistics."""
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "where-credit-pays.md"
+DOC = ROOT / "docs" / "studies" / "where-credit-pays.md"
 PROTOCOL = ROOT / "results" / "where-credit-pays" / "protocol.json"
 SCRIPT = ROOT / "scripts" / "where_credit_pays.sh"
 
@@ -39,7 +39,7 @@ def protocol() -> dict:
 
 def test_the_document_embeds_the_protocol_verbatim():
     blocks = re.findall(r"<!-- protocol.json -->\n```json\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 1, "docs/where-credit-pays.md must hold one ```json block after <!-- protocol.json -->"
+    assert len(blocks) == 1, "docs/studies/where-credit-pays.md must hold one ```json block after <!-- protocol.json -->"
     assert blocks[0] == PROTOCOL.read_text()
 
 
@@ -100,7 +100,7 @@ def test_settings_registered_as_future_work_are_refused_in_one_line(protocol):
             result = dry_run(name)
             assert result.returncode == 2
             assert result.stderr.strip() == (f"error: setting {name} is registered as 'future work' in "
-                                             "results/where-credit-pays/protocol.json (docs/where-credit-pays.md "
+                                             "results/where-credit-pays/protocol.json (docs/studies/where-credit-pays.md "
                                              "says what it needs); run setting A")
 
 

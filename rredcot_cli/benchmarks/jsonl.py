@@ -195,7 +195,7 @@ class ArithBenchmark(JSONLBenchmark):
     """``benchmark=arith``: "What is a + b? Answer with a single number." over single digits (sums
     and non-negative differences), packaged in rredcot_cli/data/arith/ and written by
     scripts/make_arith.py. A task where a 135M instruct model's sampled pass@1 has room both ways
-    (docs/real-model.md); the question is the whole prompt (no step-by-step instruction), the
+    (docs/studies/real-model.md); the question is the whole prompt (no step-by-step instruction), the
     answer the last number (a truncated completion needs "The final answer is"), graded as a number."""
 
     name = "arith"

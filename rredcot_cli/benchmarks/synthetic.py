@@ -254,7 +254,7 @@ class ChainVerboseBenchmark(ChainBenchmark):
     That list is why this format is learnable by the tiny models: the next operation is read
     from the previous line, not looked up hundreds of tokens back in the prompt, which a model
     fine-tuned on a lookup format (``the next operation is -8``) never learned past step 4
-    (docs/long-chains.md, Amendment 3). A chain of 4-12 steps is ~300-1,000 tokens instead of
+    (docs/studies/long-chains.md, Amendment 3). A chain of 4-12 steps is ~300-1,000 tokens instead of
     ~60: a long chain of thought in which few tokens are decisive.
     """
 

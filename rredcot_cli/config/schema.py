@@ -60,7 +60,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     # The value estimator RREDCoT uses with this model unless method.value says otherwise (the
     # method's config reads it: conf/method/rredcot.yaml). Chosen per kind of text by the judge
-    # (docs/credit-quality.md, issue 37): answer_probe on free text, where other traces' wording gets
+    # (docs/studies/credit-quality.md, issue 37): answer_probe on free text, where other traces' wording gets
     # likelihood ratios near 0 and suffix_is has nothing to weigh; suffix_is on the embedded chain
     # tasks, where group mates write the same steps token for token (the tiny presets set it).
     value_estimator: str = "answer_probe"
@@ -115,7 +115,7 @@ class BackendConfig:
     # under torchrun; the gaps go to the stage manifest). 0: off. 1e-4 fits fp32 on both sides.
     sync_check_atol: float = 0.0
     # HF only. Dtype of the keys and values a decode keeps, and of its attention: auto (the model's)
-    # | bfloat16 | float16. bfloat16 halves the bytes a long decode reads (docs/throughput.md) but
+    # | bfloat16 | float16. bfloat16 halves the bytes a long decode reads (docs/studies/throughput.md) but
     # changes the sampled numbers, so training then recomputes its old log-probs (train.old_logprobs).
     kv_cache_dtype: str = "auto"
 
@@ -299,7 +299,7 @@ class TrainConfig:
     # At most this many padded positions (rows x longest prompt + completion) per forward/backward
     # pass; rows are sorted by length before they are cut, so a pass pads little (same update).
     # -1: auto = 1024 on CPU in one process (measured fastest for the embedded model,
-    # docs/throughput.md), no limit on GPU or under torchrun; 0: no limit (and no sorting). Not
+    # docs/studies/throughput.md), no limit on GPU or under torchrun; 0: no limit (and no sorting). Not
     # hashed (changes speed and memory, not math).
     micro_batch_tokens: int = -1
     # Completion positions per chunk of LM head + log-softmax, so full-vocabulary fp32 logits are
@@ -325,7 +325,7 @@ class TrainConfig:
     # Old log-probs of the policy update: recompute (a pre-update pass over the batch) | sampler
     # (the log-probs the sampler recorded; right only when it is the trained model in the same
     # precision) | auto (sampler with backend=hf, train.precision fp32 and no sampler_correction,
-    # where the two differ by float rounding: max |diff| 6.5e-5 nats, docs/throughput.md; else
+    # where the two differ by float rounding: max |diff| 6.5e-5 nats, docs/studies/throughput.md; else
     # recompute). Without the pass, the entropy metric comes from the first pass's forwards and
     # sampler_kl is null.
     old_logprobs: str = "auto"

@@ -16,7 +16,7 @@ reward for 86 % of SmolLM2's multi-line answers: "GRPO on the first segment, not
 
 The default estimator follows the model (``method.value`` = ``model.value_estimator``), chosen by the
 judge against two controls that know nothing (V = own reward, V = the prompt's baseline), on inner
-boundaries and within completions of one reward (docs/credit-quality.md, issue 37):
+boundaries and within completions of one reward (docs/studies/credit-quality.md, issue 37):
   answer_probe  real models (every HF/GGUF model): on SmolLM2 `arith` it ranks inner values within one
                 reward at rho 0.41 [0.08, 0.74] over 5 batches, where the controls score 0.00 and
                 0.02, while leave-one-out ``suffix_is`` scores about 0 (foreign suffixes are
@@ -77,14 +77,14 @@ class RREDCoTParams:
     is_self_normalised: bool = False
     # Length of the likelihood ratio, in is_window_unit; 0 = the whole suffix. One segment (one
     # step line) whatever its length: 16 tokens, the default before, localise as well on `chain`
-    # but at chance on `chain_verbose`'s 70-token lines (docs/credit-quality.md).
+    # but at chance on `chain_verbose`'s 70-token lines (docs/studies/credit-quality.md).
     is_window: int = 1
     is_window_unit: Literal["segments", "tokens"] = "segments"  # unit of is_window
     is_clip: float = 20.0  # max importance weight; 0 = no clipping
     # How probes reuse their prefix: kv_cache (encode each trace once, probes read its keys and
     # values), packed (probes appended to the trace in one row with a block attention mask), or
     # auto: packed for answer_probe's few short probes, kv_cache for suffix_is's many (measured in
-    # docs/rredcot-value-cost.md).
+    # docs/studies/rredcot-value-cost.md).
     probe_scoring: Literal["auto", "kv_cache", "packed"] = "auto"
 
 

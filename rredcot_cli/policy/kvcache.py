@@ -3,7 +3,7 @@ scorer (values/packing.py) hands probes their prefixes' keys and values in it.
 
 transformers' ``DynamicLayer`` concatenates the whole cache with every new token, so a sequence
 costs O(length^2) in copies: 30% of a default-length generate call on CPU and the reason decoding
-collapsed at ~1,000 tokens (docs/throughput.md). A static cache avoids the copies but attends over
+collapsed at ~1,000 tokens (docs/studies/throughput.md). A static cache avoids the copies but attends over
 its whole preallocated length from the first token. Here each full-attention layer writes new
 keys and values into storage grown by doubling (up to a known maximum) and hands attention a view
 of the filled part: the same numbers, stored once. Other layer kinds (sliding windows, ...) keep

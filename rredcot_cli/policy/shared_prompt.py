@@ -3,7 +3,7 @@ stored and read once per prompt instead of once per sample.
 
 With n samples per prompt, each decode step of the HF backend reads every row's cached keys and
 values, and after long prompts most of those bytes are n copies of the same prompt (a long decode
-is bounded by these reads: docs/throughput.md, bench/decode_attention.py). Here the prompts are
+is bounded by these reads: docs/studies/throughput.md, bench/decode_attention.py). Here the prompts are
 prefilled once each, and a decode step attends in two parts combined exactly through their
 log-sum-exp, as cascade attention does (FlashInfer's "cascade inference", Ye et al. 2024; vLLM's
 cascade attention): the queries of a prompt's rows together over the prompt's cache (one read for

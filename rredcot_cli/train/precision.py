@@ -53,7 +53,7 @@ class Precision:
             return nullcontext()
         device_type = torch.device(device).type
         # No weight cache: with it, autocast keeps a low-precision copy of every weight alive for
-        # the whole forward (2 bytes per parameter, docs/memory.md finding 3), and each weight is
+        # the whole forward (2 bytes per parameter, docs/studies/memory.md finding 3), and each weight is
         # used once per forward anyway, so the cache saves no casts.
         return torch.autocast(device_type=device_type, dtype=self.compute_dtype, cache_enabled=False)
 
@@ -126,7 +126,7 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas: tuple[float, flo
                    device: str | torch.device) -> torch.optim.AdamW:
     """AdamW over the trainable weights. On CUDA the fused kernel: the default multi-tensor one
     copies every second moment during the step (+4 bytes per parameter at the peak, 28 GiB for a
-    7B model; docs/memory.md finding 2). On CPU the default, whose numbers the embedded runs and
+    7B model; docs/studies/memory.md finding 2). On CPU the default, whose numbers the embedded runs and
     their documented results were made with."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = torch.device(device).type == "cuda"

@@ -102,7 +102,7 @@ def old_from_sampler(choice: str, backend: str, precision: str, sampler_correcti
 
 def auto_micro_batch_tokens(value: int, device: str, world_size: int = 1) -> int:
     """``train.micro_batch_tokens``: -1 (auto) is 1024 positions on CPU in one process, where short
-    forwards of similar rows were fastest for the embedded model (docs/throughput.md); no limit on
+    forwards of similar rows were fastest for the embedded model (docs/studies/throughput.md); no limit on
     GPU, nor under torchrun, where every rank makes as many passes as the one with the most and
     the others would wait in zero-weighted ones."""
     if value >= 0:
@@ -296,7 +296,7 @@ def policy_update(
 
     ``old_from_sampler``: take ``sampler_logprobs`` as the old log-probs instead of running the
     pre-update pass, for a sampler that is the trained model in the same precision (the HF backend
-    in fp32: the two differ by float rounding, docs/throughput.md). The entropy is then measured in
+    in fp32: the two differ by float rounding, docs/studies/throughput.md). The entropy is then measured in
     the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare); the ``mismatch``
     statistics come from the forwards of the minibatches before the first optimizer step (still
     the weights that sampled), summed over their micro-batches and the ranks."""
@@ -382,7 +382,7 @@ def policy_update(
                 totals[key] += minibatch[key]
             totals["grad_norm"] += result.grad_norm
     # Gradients are not needed until the next update: free them now rather than carrying 4 bytes
-    # per trained weight through sampling and the next pre-pass (docs/memory.md, finding 1).
+    # per trained weight through sampling and the next pre-pass (docs/studies/memory.md, finding 1).
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     if entropies is None and entropy_sums[1]:

@@ -266,7 +266,7 @@ def cached_probe_logprobs(
     cost stays linear in trace length at a fixed number of probes per token.
     ``traces_per_forward``, ``row_tokens`` and ``max_probe_tokens`` default to 16, 64 and 1024 on
     CPU, where forwards whose activations stay in the core's cache were 15-25% faster for the
-    embedded model (docs/throughput.md), and to 32, 256 and 8192 elsewhere.
+    embedded model (docs/studies/throughput.md), and to 32, 256 and 8192 elsewhere.
     ``stats["forward_tokens"]`` counts trace and probe positions run (padding included).
     """
     on_cpu = str(device).startswith("cpu")
@@ -408,7 +408,7 @@ PROBE_SCORING = ("auto", "kv_cache", "packed")
 
 def probe_scorer(probe_scoring: str, *, auto: str):
     """The probe scorer called ``probe_scoring`` (``kv_cache`` or ``packed``; ``auto`` means
-    ``auto``, the estimator's measured choice: docs/rredcot-value-cost.md)."""
+    ``auto``, the estimator's measured choice: docs/studies/rredcot-value-cost.md)."""
     if probe_scoring not in PROBE_SCORING:
         raise ValueError(f"unknown probe_scoring {probe_scoring!r}; valid: {', '.join(PROBE_SCORING)}")
     name = auto if probe_scoring == "auto" else probe_scoring

@@ -11,7 +11,7 @@ the prefix S_i,k of trace i, it estimates
 Deviations, all options: the lookahead window truncates the likelihood ratio to bound cost and
 variance (the utility stays the full trace's reward); counted in tokens it covers less of a step
 the more verbose the format (16 tokens are two step lines of `chain` but a fifth of one of
-`chain_verbose`, where it localises nothing: docs/credit-quality.md), counted in segments it
+`chain_verbose`, where it localises nothing: docs/studies/credit-quality.md), counted in segments it
 covers the same steps whatever their length; weights are clipped at ``clip`` (0 = off);
 ``matched`` uses only suffixes cut at the same segment index k, ``all`` every boundary of every
 trace in the group. Everything is computed in log space until the final normalisation.

@@ -55,7 +55,7 @@ python bench/value_vs_outcome.py $R/sample/samples.parquet before=$R/attribute-b
   --out results/credit-quality/issue37/chain14-20/value_vs_outcome.json
 
 # --- after 1d99ebb (a mate's suffix cut from the very state of the prefix weighs exactly 1): the
-# defaults rejudged on the same traces (R1's default row in docs/credit-quality.md is this one)
+# defaults rejudged on the same traces (R1's default row in docs/studies/credit-quality.md is this one)
 rredcot judge run.dir=runs/cq-r1 seed=0 judge.batches=5 judge.reference_k=16 judge.reruns=1 'judge.methods=[grpo,rredcot]' run.tag=default
 rredcot judge run.dir=runs/cq-c1420 seed=0 benchmark.min_steps=14 benchmark.max_steps=20 sampling.max_new_tokens=224 \
   judge.batches=5 judge.reference_k=8 judge.reruns=1 'judge.methods=[grpo,rredcot]' run.tag=default
