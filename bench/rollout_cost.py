@@ -1,4 +1,4 @@
-"""What saving training rollouts costs (`train.save_rollouts`, README "Watching a training run").
+"""What saving training rollouts costs (`train.save_rollouts`, docs/watching.md, "Watching a training run").
 
     python bench/rollout_cost.py                     # default config, 6 steps, every step saved
     python bench/rollout_cost.py --steps 10 -- method=grpo
