@@ -505,8 +505,8 @@ def main() -> None:
                     help="decode backends to time (comma list of hf, hf-unshared, hf-generate, vllm; none: no decode table)")
     ap.add_argument("--decode-repeats", type=int, default=1,
                     help="time every decode case this many times (rounds alternate; ratios use the medians)")
-    ap.add_argument("--vllm-python", default="/work/venv-vllm/bin/python",
-                    help="an interpreter with vllm and this project installed, for the vllm decode rows")
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                    help="an interpreter with vllm and this project installed, for the vllm decode rows (default: CI's vLLM-lane venv)")
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "throughput" / "throughput.json"))
     ap.add_argument("--md", default=str(ROOT / "docs" / "studies" / "throughput.md"))
