@@ -32,7 +32,7 @@ import torch
 pytest.importorskip("trl", minversion="1.16")
 
 from processes import kill_tree  # noqa: E402
-from trl_ddp_worker import METHOD_PARAMS, NUM_GENERATIONS, PER_DEVICE  # noqa: E402
+from trl_ddp_worker import NUM_GENERATIONS, PER_DEVICE, RUNS  # noqa: E402
 
 from rredcot_cli.benchmarks import make_benchmark  # noqa: E402
 from rredcot_cli.credit import compute_credit, credit_statistics, policy_from_model  # noqa: E402
@@ -42,6 +42,8 @@ pytestmark = pytest.mark.oracle
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 WORLD = 2
+PER_RANK = PER_DEVICE[WORLD]
+RUN_NAMES = ("grpo", "rredcot")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-               str(TESTS / "trl_ddp_worker.py"), str(out), *METHOD_PARAMS]
+               str(TESTS / "trl_ddp_worker.py"), str(out), *RUN_NAMES]
     process = subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=300)
@@ -60,7 +62,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
         raise
     assert process.returncode == 0, f"torchrun failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
     return {method: [torch.load(out / f"{method}-rank-{rank}.pt", weights_only=False) for rank in range(WORLD)]
-            for method in METHOD_PARAMS}
+            for method in RUN_NAMES}
 
 
 def _whole_batch_credit(method: str, batches: list[dict]):
@@ -78,13 +80,13 @@ def _whole_batch_credit(method: str, batches: list[dict]):
     with torch.no_grad():
         return compute_credit(
             whole["prompt_ids"], whole["completion_ids"], torch.tensor(whole["rewards"]),
-            torch.arange(len(whole["rewards"])) // NUM_GENERATIONS, tokenizer=tokenizer, method=method,
-            method_params=METHOD_PARAMS[method], policy=policy_from_model(model, tokenizer, batch_size=16),
+            torch.arange(len(whole["rewards"])) // NUM_GENERATIONS, tokenizer=tokenizer, method=RUNS[method][0],
+            method_params=RUNS[method][1], policy=policy_from_model(model, tokenizer, batch_size=16),
             gold_answers=whole["gold"], pred_answers=[benchmark.extract_answer(t) for t in whole["completions"]],
             answer_probe=benchmark.ANSWER_PROBE), whole
 
 
-@pytest.mark.parametrize("method", list(METHOD_PARAMS))
+@pytest.mark.parametrize("method", RUN_NAMES)
 def test_each_rank_trains_on_its_rows_of_the_whole_batch_credit(ranks, method):
     files = ranks[method]
     assert [f["world_size"] for f in files] == [WORLD, WORLD]
@@ -99,14 +101,14 @@ def test_each_rank_trains_on_its_rows_of_the_whole_batch_credit(ranks, method):
         for key, value in batches[0]["state"].items():  # DDP: the same weights on both ranks
             assert torch.equal(value, batches[1]["state"][key]), key
         result, whole = _whole_batch_credit(method, batches)
-        groups = [whole["prompt_ids"][i: i + NUM_GENERATIONS] for i in range(0, WORLD * PER_DEVICE, NUM_GENERATIONS)]
+        groups = [whole["prompt_ids"][i: i + NUM_GENERATIONS] for i in range(0, WORLD * PER_RANK, NUM_GENERATIONS)]
         assert all(g.count(g[0]) == NUM_GENERATIONS for g in groups), "a group of rows holds several prompts"
         assert len({tuple(g[0]) for g in groups}) > 1  # not one prompt everywhere: the order is tested
 
         for rank, batch in enumerate(batches):
             used, mask = batch["advantages"], batch["completion_mask"].bool()
             assert used.shape == mask.shape  # (B, T): per token, this rank's B rows
-            expected = result.token_advantages[rank * PER_DEVICE: (rank + 1) * PER_DEVICE]
+            expected = result.token_advantages[rank * PER_RANK: (rank + 1) * PER_RANK]
             width = min(used.shape[1], expected.shape[1])
             torch.testing.assert_close(used[:, :width], expected[:, :width], rtol=1e-5, atol=1e-6)
             assert not used[:, width:].any() and not expected[:, width:].any()
@@ -114,7 +116,7 @@ def test_each_rank_trains_on_its_rows_of_the_whole_batch_credit(ranks, method):
                 trl = batch["trl_advantages"][:, None].expand_as(mask)
                 torch.testing.assert_close(used[mask], trl[mask], rtol=1e-5, atol=1e-6)
                 assert not used[~mask].any()
-        straddling = result.token_advantages[PER_DEVICE - 2: PER_DEVICE + 2]  # rows 4-7: group 1
+        straddling = result.token_advantages[PER_RANK - 2: PER_RANK + 2]  # rows 4-7: group 1
         assert straddling.abs().amax() > 0.1  # the straddling group carries a real advantage
 
         row = logged[step]
