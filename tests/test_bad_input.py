@@ -229,7 +229,7 @@ def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_pat
     from rredcot_cli.policy.models import build_char_tokenizer
     from rredcot_cli.policy.load import Policy
     from rredcot_cli.pipeline import sample_rows, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
     tokenizer = build_char_tokenizer()
     latex = "We have $x^{2}+\\frac{a}{b}$ and " * 1600  # 51 kB of LaTeX in the answer
@@ -252,7 +252,7 @@ def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_pat
     path = write_artifact("samples", rows, tmp_path / "samples.parquet")
     back = read_artifact("samples", path).to_pylist()
     assert [r["completion"] for r in back] == texts
-    segments = segment_rows(back, tokenizer, get_segmenter("newline"), "newline", min_tokens=4, max_segments=40)
+    segments = segment_rows(back, tokenizer, SegmentConfig(name="newline", min_tokens=4, max_segments=40))
     artifacts.validate_segments_tile(artifacts.build_table("segments", segments), read_artifact("samples", path))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 import torch
 
+from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.console import console
 from rredcot_cli.benchmarks import benchmark_from_settings
 from rredcot_cli.methods import method_and_params as from_settings
@@ -71,11 +72,10 @@ def make_critic(cfg: DictConfig, policy: Any):
     return build_critic(OmegaConf.to_object(cfg.critic), policy, cfg.seed)
 
 
-def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
-    """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
-    (each rule takes them all, so rules share one signature)."""
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.segment, resolve=True).items() if k != "name"}
-    return get_segmenter(cfg.segment.name), kwargs
+def segment_settings(cfg: DictConfig) -> SegmentConfig:
+    """The ``segment.*`` settings, typed; an unknown rule (``segment.name``) is refused here."""
+    get_segmenter(cfg.segment.name)
+    return OmegaConf.to_object(cfg.segment)
 
 
 def table_rows(table) -> list[dict]:

@@ -31,7 +31,7 @@ from rredcot_cli.train import distributed, preemption, tracking, trainable
 from rredcot_cli.train.preemption import signal_number
 from rredcot_cli.errors import Preempted, StorageError, TrainingError, stop_exit_status, stop_status
 from rredcot_cli.train.precision import resolve_precision
-from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
+from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segment_settings
 from rredcot_cli.train.checkpoint import last_complete
 from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
 from rredcot_cli.train.update import OLD_LOGPROBS, UpdateHyper, old_from_sampler
@@ -55,13 +55,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             return
         try:
             with preempt.at_once(parallel):  # start-up: nothing to finish, so a signal stops it at once
-                segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
-                settings = train_settings(cfg, segment_kwargs)
+                settings = train_settings(cfg)
                 seed_everything(cfg.seed)
                 benchmark = make_benchmark(cfg)
                 policy = make_policy(cfg)
                 trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
-                                  segmenter=segmenter, out=out, parallel=parallel, precision=precision,
+                                  out=out, parallel=parallel, precision=precision,
                                   hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
                                   trackers=trackers)
             fitted = trainer.fit(preempt)
@@ -107,14 +106,14 @@ def kept_for_resume(train_dir, save_every: int) -> str:
             "and rerun with train.resume=true")
 
 
-def train_settings(cfg: DictConfig, segment_kwargs: dict) -> TrainSettings:
+def train_settings(cfg: DictConfig) -> TrainSettings:
     """What the loop reads from the config, as typed settings (the schema's dataclasses)."""
     lora = cfg.model.lora
     return TrainSettings(
         seed=cfg.seed, train=OmegaConf.to_object(cfg.train), sampling=OmegaConf.to_object(cfg.sampling),
         critic=OmegaConf.to_object(cfg.critic), train_split=cfg.benchmark.train_split,
         eval_split=cfg.benchmark.eval_split, backend_batch_size=cfg.backend.batch_size,
-        segment_rule=cfg.segment.name, segment_kwargs=segment_kwargs,
+        segment=segment_settings(cfg),
         lora=trainable.LoraSettings(**OmegaConf.to_container(lora)) if lora.r > 0 else None,
         save_dtype=cfg.model.dtype, tracked_config=OmegaConf.to_container(cfg, resolve=True))
 

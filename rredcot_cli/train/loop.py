@@ -67,7 +67,7 @@ from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, Up
                                 auto_micro_batch_tokens, lr_lambda, policy_update)
 
 if TYPE_CHECKING:
-    from rredcot_cli.config.schema import CriticConfig, SamplingConfig, TrainConfig
+    from rredcot_cli.config.schema import CriticConfig, SamplingConfig, SegmentConfig, TrainConfig
 
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
 _NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=float("nan"),
@@ -87,8 +87,7 @@ class TrainSettings:
     train_split: str  # benchmark.train_split
     eval_split: str  # benchmark.eval_split
     backend_batch_size: int  # backend.batch_size: completions per generate() call
-    segment_rule: str  # segment.name
-    segment_kwargs: dict  # every other segment.* setting
+    segment: SegmentConfig  # segment.*: the rule and its options
     lora: trainable.LoraSettings | None  # model.lora when model.lora.r > 0
     save_dtype: str  # model.dtype, the final checkpoint's
     tracked_config: dict  # the whole resolved config, as the trackers record it
@@ -140,14 +139,14 @@ class Trainer:
     forward pass, the credit method, the optimizer, the data-parallel group, the step clock and
     the recorder. ``fit()`` runs it; ``step(step)`` is one step of the algorithm."""
 
-    def __init__(self, settings: TrainSettings, *, benchmark, policy, spec, params: dict, segmenter: Callable,
+    def __init__(self, settings: TrainSettings, *, benchmark, policy, spec, params: dict,
                  out, parallel: distributed.DataParallel, precision: Precision, hyper: UpdateHyper,
                  trackers: list[str]):
         """``benchmark`` and ``policy`` come built (and the global RNGs seeded) by the stage;
         everything else the loop needs is built here, in this order, from them and ``settings``."""
         self.settings, self.t, self.s = settings, settings.train, settings.sampling
         self.spec, self.params, self.out, self.parallel, self.precision = spec, params, out, parallel, precision
-        self.hyper, self.benchmark, self.policy, self.segmenter = hyper, benchmark, policy, segmenter
+        self.hyper, self.benchmark, self.policy = hyper, benchmark, policy
         self.checkpoints = out.dir / "checkpoints"
         self.config_hash = out.manifest["config_hash"]
         self.saved = self._resumable()
@@ -224,7 +223,7 @@ class Trainer:
     def _build_method(self) -> None:
         """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""
         settings = self.settings
-        self.segment_needs_entropy = needs_entropy(settings.segment_rule)
+        self.segment_needs_entropy = needs_entropy(settings.segment.name)
         self.collaborators = {"scorer": self.policy.backend, "policy": self.policy}
         if "critic" in self.spec.needs:
             self.collaborators["critic"] = build_critic(settings.critic, self.policy, settings.seed)
@@ -331,8 +330,7 @@ class Trainer:
         mine = samples if self.batch_wide else self.parallel.groups_share(samples)
         with self.clock.phase("segment"):
             entropies = completion_entropies(self.policy, mine) if self.segment_needs_entropy and mine else None
-            segments = segment_rows(mine, self.tokenizer, self.segmenter, self.settings.segment_rule,
-                                    entropies=entropies, **self.settings.segment_kwargs)
+            segments = segment_rows(mine, self.tokenizer, self.settings.segment, entropies=entropies)
         with self.clock.phase("credit"):
             batch = self._credit_batch(mine, segments)
             credit = attribute(self.spec, batch, self.params, self.collaborators) if mine else None

@@ -166,14 +166,14 @@ def traces(policy):
     """2 prompts x 2 sampled completions of short chains, newline-segmented, as the stages make them."""
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark
     from rredcot_cli.pipeline import sample_rows, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
     bench = ChainBenchmark(2, 3)
     problems = bench.load("train", 2)
     samples = sample_rows(policy, bench, problems, n=2, max_new_tokens=40, temperature=1.0, top_p=1.0, seed=3,
                           prompts_per_call=2)
-    segments = segment_rows(samples, policy.tokenizer, get_segmenter("newline"), "newline", tokens=32,
-                            min_tokens=1, max_segments=40)
+    segments = segment_rows(samples, policy.tokenizer, SegmentConfig(name="newline", tokens=32,
+                            min_tokens=1, max_segments=40))
     return bench, problems, samples, segments
 
 
