@@ -20,7 +20,7 @@ from rredcot_cli.train.critic import build_critic
 
 def make_benchmark(cfg: DictConfig):
     """The benchmark of ``cfg.benchmark`` (``benchmarks.benchmark_from_settings``)."""
-    return benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
+    return benchmark_from_settings(OmegaConf.to_object(cfg.benchmark))
 
 
 def make_policy(cfg: DictConfig, model_path: str | None = None):
