@@ -23,27 +23,12 @@ def make_benchmark(cfg: DictConfig):
     return benchmark_from_settings(OmegaConf.to_object(cfg.benchmark))
 
 
-def make_policy(cfg: DictConfig, model_path: str | None = None):
+def make_policy(cfg: DictConfig):
+    """The policy of the ``model.*`` and ``backend.*`` settings (``policy.load.load_policy``), with
+    ``backend.num_threads`` torch threads."""
     if cfg.backend.num_threads > 0:
         torch.set_num_threads(cfg.backend.num_threads)
-    return load_policy(
-        model_path=model_path or cfg.model.path,
-        dtype=cfg.model.dtype,
-        trust_remote_code=cfg.model.trust_remote_code,
-        chat_template=cfg.model.chat_template,
-        backend=cfg.backend.name,
-        device=cfg.backend.device,
-        batch_size=cfg.backend.batch_size,
-        seed=cfg.seed,
-        gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
-        tensor_parallel_size=cfg.backend.tensor_parallel_size,
-        enforce_eager=cfg.backend.enforce_eager,
-        kv_cache_gb=cfg.backend.kv_cache_gb,
-        max_model_len=cfg.backend.max_model_len,
-        sleep_mode=cfg.backend.sleep_mode,
-        sync_check_atol=cfg.backend.sync_check_atol,
-        kv_cache_dtype=cfg.backend.kv_cache_dtype,
-    )
+    return load_policy(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.backend), cfg.seed)
 
 
 def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:

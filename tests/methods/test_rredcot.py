@@ -231,14 +231,13 @@ def test_suffix_is_blames_the_single_wrong_step():
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
     from rredcot_cli.methods import get_method
     from rredcot_cli.methods.rredcot import RREDCoTParams
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
     from rredcot_cli.config.schema import SegmentConfig
     from rredcot_cli.train.update import chunked_completion_logprobs
 
-    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                         tensor_parallel_size=1, enforce_eager=False, seed=0)
+    policy = load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
     bench = ChainBenchmark(6, 6)
     problem = bench.load("test", 1)[0]
     wrong_at, value, lines = 2, problem.meta["start"], []

@@ -154,11 +154,10 @@ def test_combine_token_attributions_hand_computed():
 
 @pytest.fixture(scope="module")
 def policy():
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
 
-    return load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                       backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                       tensor_parallel_size=1, enforce_eager=False, seed=0)
+    return load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
 
 
 @pytest.fixture(scope="module")
