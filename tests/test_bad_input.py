@@ -418,14 +418,17 @@ def test_error_kinds():
 
 
 @pytest.mark.parametrize("option,expected", [
-    ("train.precision=fp8", "train.precision=fp8: unknown; valid: auto, fp32, bf16-mixed, fp16-mixed, bf16-true"),
-    ("train.sampler_correction=tis", "train.sampler_correction=tis: unknown; valid: none, token_truncate"),
-    ("train.loss_agg=mean", "train.loss_agg=mean: unknown; valid: token-mean"),
+    ("train.precision=fp8", "train.precision=fp8: not a valid choice; valid: auto, fp32, bf16-mixed, fp16-mixed, bf16-true"),
+    ("train.sampler_correction=tis", "train.sampler_correction=tis: not a valid choice; valid: none, token_truncate"),
+    ("train.loss_agg=mean", "train.loss_agg=mean: not a valid choice; valid: token-mean"),
+    ("train.lr_schedule=cosin", "train.lr_schedule=cosin: not a valid choice; did you mean cosine? Valid: constant"),
+    ("train.clip_ratio_c=0.5", "train.clip_ratio_c=0.5: the dual clip needs > 1 (verl: 3.0); 0 turns it off"),
+    ("train.dynamic_sampling=true train.max_sampling_rounds=0", "train.max_sampling_rounds=0: must be >= 1"),
     ("train.micro_batch_size=-2", "train.micro_batch_size=-2: must be >= 0"),
     ("train.sampler_correction_cap=0", "train.sampler_correction_cap=0.0: must be > 0"),
 ])
 def test_bad_training_choices_fail_before_anything_is_written(tmp_path, option, expected):
-    code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", option)
+    code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", *option.split())
     assert code == 2
     assert expected in one_error_line(stderr)
     assert not (tmp_path / "run").exists()

@@ -1,6 +1,13 @@
 """Typed config schemas. Hydra validates every composed config against these, so a misspelled
-key fails at compose time. Only ``rredcot_cli.config.compose`` turns argv into one of these; stages read
-fields and pass explicit keyword arguments on, so no function below a stage ever sees a config.
+key fails at compose time. Only ``rredcot_cli.config.compose`` turns argv into one of these.
+
+Each option is declared once, here: its type and default, a comment that says what it means, its
+choices (``one_of``) beside it, its range in ``RANGES``, and the checks between options of a group
+in that group's ``problems()``; ``compose`` checks them all once (``config.ranges.check_ranges``),
+so a bad value fails in one line before anything loads. Stages turn the composed config into these
+dataclasses (``OmegaConf.to_object``: the typed settings) and hand them down, so no function below
+a stage sees the ``DictConfig``, the command line or a group it was not given; the wings read the
+fields of the settings they get (the training loop, ``TrainConfig``'s).
 
 The ``method`` group is validated separately, against the parameters its registry entry
 declares (see ``rredcot_cli.methods``), because every credit method has its own knobs.
@@ -8,8 +15,20 @@ declares (see ``rredcot_cli.methods``), because every credit method has its own 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+
+def one_of(default: Any, *valid: Any) -> Any:
+    """A field whose value must be one of ``valid`` (``default`` among them): its choices sit
+    beside it, and ``config.ranges.check_ranges`` refuses any other value once, at compose time."""
+    return field(default=default, metadata={"choices": valid})
+
+
+def choices(group: type, name: str) -> tuple:
+    """The valid values of field ``name`` of the schema dataclass ``group`` (declared with ``one_of``)."""
+    return next(f for f in dataclasses.fields(group) if f.name == name).metadata["choices"]
 
 
 @dataclass
@@ -220,7 +239,8 @@ class TrainConfig:
     prompts_per_step: int = 8
     # Tuned on the embedded default (seed 0, 30 steps): 1e-4 collapsed, 3e-5 cosine was best.
     lr: float = 3e-5
-    lr_schedule: str = "cosine"  # constant | linear | cosine
+    # After the warmup: constant, linear decay to 0, or cosine decay to 0 over the optimizer steps.
+    lr_schedule: str = one_of("cosine", "constant", "linear", "cosine")
     # Optimizer steps over which the learning rate rises linearly from lr / warmup_steps to lr.
     warmup_steps: int = 2
     # AdamW's decoupled weight decay.
@@ -244,11 +264,12 @@ class TrainConfig:
     # Dual clip (verl's clip_ratio_c, 3.0 there): for a negative advantage A the per-token loss is
     # also capped at -clip_ratio_c * A (bounded, no gradient at large ratios); > 1 when on. 0: off.
     clip_ratio_c: float = 0.0
-    # token-mean | seq-mean-token-mean | constant (divide by max_new_tokens, Dr. GRPO)
-    loss_agg: str = "token-mean"
+    # How a minibatch's per-token losses are averaged: over its tokens | per sequence, then over
+    # sequences | divided by max_new_tokens (constant: Dr. GRPO).
+    loss_agg: str = one_of("token-mean", "token-mean", "seq-mean-token-mean", "constant")
     # Weight of the KL penalty to the initial policy (0: no reference model is kept).
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # k1 | k3
+    kl_estimator: str = one_of("k3", "k1", "k3")  # Schulman's k1 (log ratio) or k3 estimate
     # k3 estimate clamped to [-kl_clamp, kl_clamp], its log ratio to [-20, 20] (verl's low_var_kl:
     # 10). 0: unclamped (Schulman's k3, which keeps its gradient far from the reference).
     kl_clamp: float = 0.0
@@ -290,7 +311,7 @@ class TrainConfig:
     data_order_seed: Optional[int] = None
     # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/train/precision.py). auto follows
     # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
-    precision: str = "auto"
+    precision: str = one_of("auto", "auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
     # Recompute each decoder layer's activations in backward instead of keeping them.
     gradient_checkpointing: bool = False
     # Completions per forward/backward pass, gradients accumulated over the minibatch (same
@@ -317,7 +338,8 @@ class TrainConfig:
     #   geometric_mask     1, 0 for the whole row where its geometric-mean ratio exp(mean_t log rho_t)
     #                      is outside [1/c, c] (Geo-Mask; verl's rollout_rs=geometric); needs c > 1
     # The mismatch itself is in the metrics every step either way (mismatch_* columns).
-    sampler_correction: str = "none"
+    sampler_correction: str = one_of("none", "none", "token_truncate", "token_mask", "sequence_truncate",
+                                     "sequence_mask", "geometric_mask")
     # The cap c of those weights (truncate: clipped to it; mask: tokens or rows past it dropped;
     # geometric_mask: rows outside [1/c, c] dropped); also the ratio above which a token counts in
     # the mismatch_past_cap metric, whichever correction is on.
@@ -328,11 +350,11 @@ class TrainConfig:
     # where the two differ by float rounding: max |diff| 6.5e-5 nats, docs/throughput.md; else
     # recompute). Without the pass, the entropy metric comes from the first pass's forwards and
     # sampler_kl is null.
-    old_logprobs: str = "auto"
+    old_logprobs: str = one_of("auto", "auto", "recompute", "sampler")
     # Under torchrun (world size > 1): ddp (DistributedDataParallel, the default) or fsdp2
     # (fully_shard: weights, gradients and optimizer state sharded over ranks); see
     # rredcot_cli/train/distributed.py. Ignored in one process. Not hashed (the same run either way).
-    parallel: str = "ddp"
+    parallel: str = one_of("ddp", "ddp", "fsdp2")
     # How long a collective waits for a rank that does not come before the run fails. Not hashed.
     dist_timeout_s: float = 1800.0
     # Every this many steps, write that step's samples, segments, credits and advantages under
@@ -346,6 +368,20 @@ class TrainConfig:
     # (train.save_rollouts) instead of the run dir's own stage outputs; null: the run dir's.
     # Not hashed; train itself ignores it.
     step: Optional[int] = None
+
+    def problems(self) -> List[str]:
+        """The checks between train.* options that a range or a choice cannot say, one line each
+        (``config.ranges.check_ranges`` raises the first at compose time)."""
+        found = []
+        if 0 < self.clip_ratio_c <= 1:
+            found.append(f"train.clip_ratio_c={self.clip_ratio_c}: the dual clip needs > 1 (verl: 3.0); 0 turns it off")
+        if self.sampler_correction == "geometric_mask" and self.sampler_correction_cap <= 1:
+            found.append(f"train.sampler_correction_cap={self.sampler_correction_cap}: geometric_mask keeps rows whose "
+                         "geometric-mean ratio is in [1/cap, cap], so the cap must be > 1")
+        if self.old_logprobs == "sampler" and self.sampler_correction != "none":
+            found.append(f"train.old_logprobs=sampler with train.sampler_correction={self.sampler_correction}: the "
+                         "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")
+        return found
 
 
 @dataclass

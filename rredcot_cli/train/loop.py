@@ -251,8 +251,6 @@ class Trainer:
                           f"generate call(s) per step for {parallel.world_size} ranks: some ranks idle while "
                           f"sampling; a smaller backend.batch_size spreads sampling over every rank (and changes "
                           f"the samples)[/yellow]")
-        if t.dynamic_sampling and t.max_sampling_rounds < 1:
-            raise TrainingError(f"train.max_sampling_rounds={t.max_sampling_rounds}: dynamic sampling needs at least 1")
 
     # ------------------------------------------------------------------ the loop
 
