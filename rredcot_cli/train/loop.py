@@ -41,6 +41,7 @@ close without touching this module (``bench/scaling.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -159,7 +160,7 @@ class Trainer:
         self.engine = UpdateEngine(generator=self.generator, forward=self.forward, reference=self.reference,
                                    reference_forward=self.reference_forward, stepper=self.stepper,
                                    parallel=parallel, clock=self.clock)
-        self.parts = checkpoint.Stateful(self.trained, self.plain, parallel, self.tokenizer, self.optimizer,
+        self.parts = checkpoint.Stateful(self.trained, self.policy.model, parallel, self.tokenizer, self.optimizer,
                                           self.scheduler, self.generator, self.critic, self.stepper)
         self.recorder = Recorder(out, trackers, settings.tracked_config, parallel.is_main, spec.name,
                                  self.t.save_rollouts)
@@ -198,12 +199,15 @@ class Trainer:
                                 "problems to train on")
 
     def _build_policy(self) -> None:
-        """The policy (sampler + trained weights), its forward pass, the gradient stepper and the
-        frozen reference, wrapped for data parallelism."""
+        """The weights, one name per role: ``self.policy.model`` (the trained weights as they
+        sample, score, sync and are saved), ``self.trained`` (the same weights wrapped for data
+        parallelism, as the update runs them forward and backward) and ``self.reference`` (the
+        frozen initial policy of the KL term; None without one); then the forward pass and the
+        gradient stepper. ``self.policy`` becomes the loop's own ``Policy`` (the stage's backend,
+        the prepared weights): the one the stage built is not changed."""
         t, s, precision, policy = self.t, self.s, self.precision, self.policy
-        model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
-                                  lora=self.settings.lora)
-        policy.model = model  # methods score with the policy being trained (adapters included)
+        prepared = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
+                                     lora=self.settings.lora)
         self.tokenizer = policy.tokenizer
         self.autocast = functools.partial(precision.autocast, policy.device)
         sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
@@ -213,12 +217,14 @@ class Trainer:
             micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device, self.parallel.world_size))
         self.stepper = GradientStepper(precision, policy.device)
         # The initial policy, also when resuming.
-        reference, self.reference_forward = (trainable.reference(model, precision, self.forward) if t.kl_coef
+        reference, self.reference_forward = (trainable.reference(prepared, precision, self.forward) if t.kl_coef
                                              else (None, None))
-        self.trained, self.plain, self.reference = self.parallel.wrap(model, reference)
-        if self.plain is not model:  # FSDP2 sharded the model in place: sample from the full copy
-            policy.model = self.plain
-            policy.backend.sync_weights(self.plain)
+        self.trained, plain, self.reference = self.parallel.wrap(prepared, reference)
+        # Methods score with the policy being trained (adapters included); FSDP2 shards the
+        # prepared model in place, so there the policy samples from the full copy ``wrap`` made.
+        self.policy = dataclasses.replace(policy, model=plain)
+        if plain is not prepared:
+            self.policy.backend.sync_weights(plain)
 
     def _build_method(self) -> None:
         """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""
@@ -354,8 +360,8 @@ class Trainer:
         """The new weights to the sampler (and the other ranks); the critic fitted, if any (its
         statistics, else None)."""
         with self.clock.phase("refresh"):
-            self.parallel.refresh(self.trained, self.plain)
-            self.policy.backend.sync_weights(self.plain)
+            self.parallel.refresh(self.trained, self.policy.model)
+            self.policy.backend.sync_weights(self.policy.model)
             if self.critic is None:
                 return None
             return self.critic.fit(batch.prompt_token_ids, batch.completion_token_ids, credit.token_values,
@@ -421,7 +427,7 @@ class Trainer:
             self.state = TrainState(eval_before=eval_before)
             return
         self.state = checkpoint.restore(self.saved, self.parts, self.t.prompts_per_step)
-        self.policy.backend.sync_weights(self.plain)
+        self.policy.backend.sync_weights(self.policy.model)
         self.resumed_from = self.state.step
         resuming = (f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
                     f"({self.saved[checkpoint.KEY_PATH]})")
@@ -464,7 +470,7 @@ class Trainer:
         try:
             with preempt.at_once(self.parallel):
                 # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
-                self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
+                self.parallel.on_main(lambda: _save_checkpoint(self.policy.model, self.tokenizer, final_dir, self.critic,
                                                                dtype_of(self.settings.save_dtype)))
                 eval_rows_after, eval_after = self.held_out_eval(steps)
         except preemption.StopNow:
