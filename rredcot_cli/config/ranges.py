@@ -114,7 +114,9 @@ def check_ranges(cfg: DictConfig) -> None:
     def lookup(key: str) -> Any:
         return OmegaConf.select(cfg, key)
 
-    for key, spec in RANGES.items():
+    # A value's own range before a bound that names another option, so "benchmark.max_steps=0"
+    # is reported as such rather than as a min_steps above it.
+    for key, spec in sorted(RANGES.items(), key=lambda item: _names_an_option(item[1])):
         value = lookup(key)
         if OmegaConf.is_list(value):
             value = OmegaConf.to_container(value)
@@ -164,6 +166,11 @@ def _schema_groups(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
         if dataclasses.is_dataclass(value):
             found += [(f"{prefix}{f.name}", value), *_schema_groups(value, f"{prefix}{f.name}.")]
     return found
+
+
+def _names_an_option(spec: str) -> bool:
+    rng = parse_range(spec)
+    return isinstance(rng.low, str) or isinstance(rng.high, str)
 
 
 def choice_error(key: str, value: Any, allowed: tuple[Any, ...]) -> str | None:

@@ -1,5 +1,6 @@
-"""Config-to-object glue shared by the stages. The only place that reads config groups for
-constructing things; everything below it takes explicit arguments."""
+"""The builders the stages share: each turns a config group into its typed settings (the
+schema's dataclass, ``OmegaConf.to_object``) and hands them to the wing that builds the object
+(benchmark, policy, segmentation, critic); nothing below the stages takes the composed config."""
 
 from __future__ import annotations
 
