@@ -5,7 +5,8 @@ the schema's fields (``schema.one_of``) and of each method's options (the ``Lite
 of its params dataclass); and the checks between options of a group (its ``problems()``).
 
 ``config.compose`` imports this module, and the CLI imports that for ``rredcot --help``: OmegaConf,
-the schema and the method registry are imported inside the functions that use them (marked "deferred").
+the schema, the method registry and the preemption signal names are imported inside the functions
+that use them (marked "deferred").
 """
 
 from __future__ import annotations
