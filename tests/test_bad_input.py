@@ -412,6 +412,16 @@ def test_os_error_in_a_stage_is_one_line(monkeypatch, tmp_path):
     assert one_error_line(stderr).startswith(f"error: cannot write {tmp_path / 'eval' / 'metrics.json'}: No space")
 
 
+def test_an_unknown_segmenter_is_one_line_before_any_folder(tmp_path):
+    """segment.name is checked with the config (it was a KeyError traceback after the stage's
+    folder was made)."""
+    code, stderr = rredcot("segment", f"run.dir={tmp_path / 'run'}", "segment.name=sentence")
+    assert code == 2
+    assert one_error_line(stderr) == ("error: segment.name=sentence: not a valid choice; valid: fixed, newline, "
+                                      "keyword, entropy, hybrid")
+    assert not (tmp_path / "run").exists()
+
+
 def test_error_kinds():
     # Both print as one `error:` line; a StorageError is still caught by `except OSError`.
     assert issubclass(TrainingError, RredcotError) and issubclass(StorageError, (RredcotError, OSError))

@@ -200,7 +200,7 @@ class BenchmarkConfig:
 @dataclass
 class SegmentConfig:
     # The rule (rredcot_cli.segmenters): fixed | newline | keyword | entropy | hybrid.
-    name: str = "newline"
+    name: str = one_of("newline", "fixed", "newline", "keyword", "entropy", "hybrid")
     # fixed: tokens per segment.
     tokens: int = setting(32, range=">= 1")
     # Segments shorter than this (in tokens) are merged into their neighbour (entropy, hybrid:

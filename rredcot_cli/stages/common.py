@@ -13,7 +13,6 @@ from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.console import console
 from rredcot_cli.benchmarks import benchmark_from_settings
 from rredcot_cli.methods import method_and_params as from_settings
-from rredcot_cli.segmenters import get_segmenter
 from rredcot_cli.store import artifacts
 from rredcot_cli.policy.load import load_policy
 from rredcot_cli.train.critic import build_critic
@@ -59,8 +58,7 @@ def make_critic(cfg: DictConfig, policy: Any):
 
 
 def segment_settings(cfg: DictConfig) -> SegmentConfig:
-    """The ``segment.*`` settings, typed; an unknown rule (``segment.name``) is refused here."""
-    get_segmenter(cfg.segment.name)
+    """The ``segment.*`` settings, typed (``segment.name`` is one of the rules: checked at compose time)."""
     return OmegaConf.to_object(cfg.segment)
 
 

@@ -292,3 +292,10 @@ def test_train_choices_and_cross_checks_fail_at_compose_time(overrides, expected
     with pytest.raises(ConfigError) as error:
         compose(overrides)
     assert str(error.value).startswith(expected) and "\n" not in str(error.value)
+
+
+def test_the_segment_choices_are_the_registered_rules():
+    from rredcot_cli.config.schema import SegmentConfig, choices
+    from rredcot_cli.segmenters import SEGMENTERS
+
+    assert set(choices(SegmentConfig, "name")) == set(SEGMENTERS)
