@@ -92,6 +92,7 @@ def driver(args) -> None:
 
     from rredcot_cli.config.compose import compose
     from rredcot_cli.pipeline import sample_rows
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.stages.common import make_benchmark, prompts_per_call
     from rredcot_cli.train import distributed
@@ -101,8 +102,8 @@ def driver(args) -> None:
     parallel.shard_chunks = args.backend != "vllm"  # as the train stage sets it
     batch_size = 0 if args.backend == "vllm" else 64
     started = time.perf_counter()
-    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend=args.backend, device="cpu", batch_size=batch_size, seed=0)
+    policy = load_policy(ModelConfig(chat_template=False), BackendConfig(name=args.backend, device="cpu", batch_size=batch_size),
+                         seed=0)
     load_s = time.perf_counter() - started
     cfg = compose([])  # the default benchmark (chain) as rredcot train builds it
     benchmark = make_benchmark(cfg)

@@ -146,6 +146,7 @@ def decode_driver(args: argparse.Namespace) -> None:
 
     from rredcot_cli.policy.base import SamplingParams
     from rredcot_cli.benchmarks import make_benchmark
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import encode_prompt, format_prompt, load_policy
 
     torch.set_num_threads(1)
@@ -166,9 +167,9 @@ def decode_driver(args: argparse.Namespace) -> None:
         vllm_backend.VLLMBackend.__init__ = timed_init
     load_started = time.perf_counter()
     # --model: a real model, prompted as rredcot train prompts it (model.chat_template=auto)
-    policy = load_policy(model_path=args.model or long_model or "embedded", dtype="float32", trust_remote_code=False,
-                         chat_template="auto" if args.model else False, backend=backend, device="cpu",
-                         batch_size=0 if backend == "vllm" else 64, seed=0, enforce_eager=args.enforce_eager)
+    policy = load_policy(ModelConfig(path=args.model or long_model or "embedded", chat_template="auto" if args.model else False),
+                         BackendConfig(name=backend, device="cpu", batch_size=0 if backend == "vllm" else 64,
+                                       enforce_eager=args.enforce_eager), seed=0)
     engine["load_s"] = time.perf_counter() - load_started
     if args.backend == "hf-generate":  # the HF backend before issue 13: generate with its own cache
         policy.backend.growing_cache = policy.backend.compact = False

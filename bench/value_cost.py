@@ -28,7 +28,7 @@ from rredcot_cli.methods import get_method
 from rredcot_cli.methods.rredcot import RREDCoTParams
 from rredcot_cli.policy.load import load_policy
 from rredcot_cli.pipeline import attribute, credit_batch, sample_rows, segment_rows
-from rredcot_cli.segmenters import get_segmenter
+from rredcot_cli.config.schema import BackendConfig, ModelConfig, SegmentConfig
 
 # suffix_is windows in tokens, as docs/studies/rredcot-value-cost.md measured them (16 tokens was the
 # default then; the default is now one segment).
@@ -59,7 +59,7 @@ def run(steps: int, segment_rule: str, segment_kwargs: dict, prompts: int, n: in
                               top_p=1.0, seed=seed, prompts_per_call=max(1, 64 // n))
         sample_times.append(time.perf_counter() - started)
     generated = sum(s["num_tokens"] for s in samples)
-    segments = segment_rows(samples, policy.tokenizer, get_segmenter(segment_rule), segment_rule, **segment_kwargs)
+    segments = segment_rows(samples, policy.tokenizer, SegmentConfig(name=segment_rule, **segment_kwargs))
     spec = get_method("rredcot")
     row_base = {"steps": steps, "segment": segment_rule, "completions": len(samples),
                 "mean_tokens": generated / len(samples), "accuracy": sum(s["reward"] for s in samples) / len(samples),
@@ -99,9 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    policy = load_policy(model_path=args.model, dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                         tensor_parallel_size=1, enforce_eager=False, seed=args.seed)
+    policy = load_policy(ModelConfig(path=args.model, chat_template=False), BackendConfig(device="cpu"), seed=args.seed)
     results: list[dict] = []
     # Default settings (newline segments, at most 40) at short, medium and long chains; the model
     # solves 16-step chains a third of the time and 80-step ones never (no credit to localise).

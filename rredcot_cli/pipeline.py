@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -23,6 +23,10 @@ from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
 from rredcot_cli.rng import derive_seed
 from rredcot_cli.metrics import accuracy_by_bucket, summarize_eval
+from rredcot_cli.segmenters import rule_and_options
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import SegmentConfig
 
 
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
@@ -126,21 +130,17 @@ def completion_entropies(policy: Policy, samples: list[dict], chunk_size: int = 
                                            [s["completion_token_ids"] for s in samples], chunk_size)
 
 
-def segment_rows(
-    samples: list[dict],
-    tokenizer: Any,
-    segmenter: Callable[..., list[tuple[int, int]]],
-    strategy: str,
-    entropies: list[list[float]] | None = None,
-    **segmenter_kwargs: Any,
-) -> list[dict]:
+def segment_rows(samples: list[dict], tokenizer: Any, settings: SegmentConfig,
+                 entropies: list[list[float]] | None = None) -> list[dict]:
     """One row per segment in the segments schema; segments tile each completion exactly.
 
-    ``entropies[i]`` (next-token entropies along completion i) feeds entropy-based rules."""
+    ``settings`` (the ``segment.*`` settings) names the rule and its options; ``entropies[i]``
+    (next-token entropies along completion i) feeds entropy-based rules."""
+    segmenter, options = rule_and_options(settings)
     rows: list[dict] = []
     for i, sample in enumerate(samples):
         texts, spans = credit_api.segment_completion(tokenizer, sample["completion_token_ids"], segmenter,
-                                                     None if entropies is None else entropies[i], **segmenter_kwargs)
+                                                     None if entropies is None else entropies[i], **options)
         for segment_idx, (start, end) in enumerate(spans):
             rows.append(
                 {
@@ -150,7 +150,7 @@ def segment_rows(
                     "token_start": start,
                     "token_end": end,
                     "text": "".join(texts[start:end]),
-                    "strategy": strategy,
+                    "strategy": settings.name,
                 }
             )
     return rows

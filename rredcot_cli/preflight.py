@@ -202,7 +202,7 @@ def check_forced_answer(cfg: DictConfig) -> None:
     spec, params = method_and_params(OmegaConf.to_container(cfg.method, resolve=True))
     if not spec.scores_forced_answer(params) or params.get("probe_template"):
         return
-    if getattr(benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True)), "ANSWER_PROBE", None):
+    if getattr(benchmark_from_settings(OmegaConf.to_object(cfg.benchmark)), "ANSWER_PROBE", None):
         return
     value = " with method.value=answer_probe" if "value" in params else ""
     extractor = OmegaConf.select(cfg, "benchmark.extractor")
@@ -231,7 +231,7 @@ def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
     """The benchmark can be built (a known name; no path for a generated one) and, for a local
     ``benchmark.path``, the file exists and is not empty, or the folder holds every split's file."""
     # unknown names, a path for a generated benchmark: one line each
-    benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
+    benchmark_from_settings(OmegaConf.to_object(cfg.benchmark))
     path = cfg.benchmark.path
     if path is None or cfg.benchmark.name in SYNTHETIC_BENCHMARKS:
         return

@@ -12,8 +12,9 @@ Every rule has the same signature::
 ``token_texts[i]`` is token i decoded alone (a character for the embedded char-level model, a
 multi-character piece for BPE tokenizers), ``entropies[i]`` the entropy of the next-token
 distribution that token i was sampled from (only ``entropy`` and ``hybrid`` read it; see
-:func:`needs_entropy`), and ``fields`` every ``segment.*`` config field but ``name``; a rule takes
-the fields it uses as keyword parameters and ignores the rest. Every rule honours ``min_tokens``
+:func:`needs_entropy`), and ``fields`` every field of the typed ``SegmentConfig`` settings but
+``name`` (:func:`rule_and_options`); a rule takes the fields it uses as keyword parameters and
+ignores the rest. Every rule honours ``min_tokens``
 (no segment shorter than that unless it is the only one) and ``max_segments``.
 
 Rules (``segment=NAME``):
@@ -31,9 +32,13 @@ a token start.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import re
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import SegmentConfig
 
 Spans = list[tuple[int, int]]
 
@@ -446,6 +451,12 @@ def get_segmenter(name: str) -> Callable[..., Spans]:
     if name not in SEGMENTERS:
         raise KeyError(f"unknown segmenter {name!r}; valid: {', '.join(sorted(SEGMENTERS))}")
     return SEGMENTERS[name]
+
+
+def rule_and_options(settings: SegmentConfig) -> tuple[Callable[..., Spans], dict]:
+    """The rule ``settings.name`` and its keyword options: every other field of ``settings``."""
+    options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "name"}
+    return get_segmenter(settings.name), options
 
 
 def needs_entropy(name: str) -> bool:

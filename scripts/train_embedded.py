@@ -34,6 +34,7 @@ from rredcot_cli.policy.load import encode_prompt  # noqa: E402
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark  # noqa: E402
 from rredcot_cli.policy.models import count_parameters, load_model_and_tokenizer  # noqa: E402
 from rredcot_cli.train.sft import train_sft  # noqa: E402
+from rredcot_cli.config.schema import SFTConfig  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "rredcot_cli" / "assets" / "tiny-chain"
 LENGTHS = [2, 4, 6, 8, 10, 12, 16, 20, 30, 40]
@@ -202,9 +203,9 @@ def main() -> None:
     train = None
     if not args.measure_only:
         train = train_sft(
+            SFTConfig(**{k: v for k, v in kwargs.items() if k != "seed"}),
             benchmark=ChainBenchmark(args.min_steps, args.max_steps, data_seed=args.data_seed),
-            output_dir=args.output, eval_fn=make_eval_fn(args.data_seed), eval_every=args.eval_every,
-            **kwargs,
+            output_dir=args.output, seed=args.seed, eval_fn=make_eval_fn(args.data_seed), eval_every=args.eval_every,
         )
         for rec in train["history"]:
             if "greedy_4_12" in rec:

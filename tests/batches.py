@@ -28,13 +28,12 @@ def tiny_chain_credit_batch():
     two that miscompute step 1, then carry on consistently), and a maker of their credit batch,
     segmented by newline: (policy, samples, make_batch)."""
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.pipeline import credit_batch, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
-    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                         tensor_parallel_size=1, enforce_eager=False, seed=0)
+    policy = load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
     bench = ChainBenchmark(4, 4)
     problem = bench.load("test", 1)[0]
     value, lines = problem.meta["start"], []
@@ -59,8 +58,8 @@ def tiny_chain_credit_batch():
     gold = bench.solution(problem)
     samples = [sample(gold, 0), sample(wrong, 1), sample(gold, 2), sample(wrong + "\n", 3)]
     assert [s["reward"] for s in samples] == [1.0, 0.0, 1.0, 0.0]
-    segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
-                            max_segments=40)
+    segments = segment_rows(samples, tok, SegmentConfig(name="newline", tokens=32, min_tokens=1,
+                            max_segments=40))
     return policy, samples, lambda: credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
 
 

@@ -229,7 +229,7 @@ def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_pat
     from rredcot_cli.policy.models import build_char_tokenizer
     from rredcot_cli.policy.load import Policy
     from rredcot_cli.pipeline import sample_rows, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
     tokenizer = build_char_tokenizer()
     latex = "We have $x^{2}+\\frac{a}{b}$ and " * 1600  # 51 kB of LaTeX in the answer
@@ -252,7 +252,7 @@ def test_hanging_verifier_counts_as_unscorable_and_huge_completions_pass(tmp_pat
     path = write_artifact("samples", rows, tmp_path / "samples.parquet")
     back = read_artifact("samples", path).to_pylist()
     assert [r["completion"] for r in back] == texts
-    segments = segment_rows(back, tokenizer, get_segmenter("newline"), "newline", min_tokens=4, max_segments=40)
+    segments = segment_rows(back, tokenizer, SegmentConfig(name="newline", min_tokens=4, max_segments=40))
     artifacts.validate_segments_tile(artifacts.build_table("segments", segments), read_artifact("samples", path))
 
 
@@ -412,20 +412,33 @@ def test_os_error_in_a_stage_is_one_line(monkeypatch, tmp_path):
     assert one_error_line(stderr).startswith(f"error: cannot write {tmp_path / 'eval' / 'metrics.json'}: No space")
 
 
+def test_an_unknown_segmenter_is_one_line_before_any_folder(tmp_path):
+    """segment.name is checked with the config (it was a KeyError traceback after the stage's
+    folder was made)."""
+    code, stderr = rredcot("segment", f"run.dir={tmp_path / 'run'}", "segment.name=sentence")
+    assert code == 2
+    assert one_error_line(stderr) == ("error: segment.name=sentence: not a valid choice; valid: fixed, newline, "
+                                      "keyword, entropy, hybrid")
+    assert not (tmp_path / "run").exists()
+
+
 def test_error_kinds():
     # Both print as one `error:` line; a StorageError is still caught by `except OSError`.
     assert issubclass(TrainingError, RredcotError) and issubclass(StorageError, (RredcotError, OSError))
 
 
 @pytest.mark.parametrize("option,expected", [
-    ("train.precision=fp8", "train.precision=fp8: unknown; valid: auto, fp32, bf16-mixed, fp16-mixed, bf16-true"),
-    ("train.sampler_correction=tis", "train.sampler_correction=tis: unknown; valid: none, token_truncate"),
-    ("train.loss_agg=mean", "train.loss_agg=mean: unknown; valid: token-mean"),
+    ("train.precision=fp8", "train.precision=fp8: not a valid choice; valid: auto, fp32, bf16-mixed, fp16-mixed, bf16-true"),
+    ("train.sampler_correction=tis", "train.sampler_correction=tis: not a valid choice; valid: none, token_truncate"),
+    ("train.loss_agg=mean", "train.loss_agg=mean: not a valid choice; valid: token-mean"),
+    ("train.lr_schedule=cosin", "train.lr_schedule=cosin: not a valid choice; did you mean cosine? Valid: constant"),
+    ("train.clip_ratio_c=0.5", "train.clip_ratio_c=0.5: the dual clip needs > 1 (verl: 3.0); 0 turns it off"),
+    ("train.dynamic_sampling=true train.max_sampling_rounds=0", "train.max_sampling_rounds=0: must be >= 1"),
     ("train.micro_batch_size=-2", "train.micro_batch_size=-2: must be >= 0"),
     ("train.sampler_correction_cap=0", "train.sampler_correction_cap=0.0: must be > 0"),
 ])
 def test_bad_training_choices_fail_before_anything_is_written(tmp_path, option, expected):
-    code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", option)
+    code, stderr = rredcot("train", f"run.dir={tmp_path / 'run'}", "experiment=quick", *option.split())
     assert code == 2
     assert expected in one_error_line(stderr)
     assert not (tmp_path / "run").exists()

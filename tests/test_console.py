@@ -11,6 +11,7 @@ from rich.table import Table
 
 from rredcot_cli import console as terminal
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark
+from rredcot_cli.config.schema import SFTConfig
 from rredcot_cli.train.sft import train_sft
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,9 +60,10 @@ def test_a_long_title_over_a_narrow_table_stays_on_one_line():
 
 def test_sft_in_a_log_prints_a_line_per_step_with_its_eval(monkeypatch, tmp_path):
     log = a_log(monkeypatch)
-    train_sft(benchmark=ChainBenchmark(1, 2), output_dir=tmp_path / "m", steps=3, batch_size=2, lr=1e-3,
-              weight_decay=0.0, grad_clip=1.0, warmup_steps=1, hidden_size=16, num_layers=1, num_heads=2,
-              intermediate_size=32, max_position_embeddings=256, seed=0,
+    settings = SFTConfig(steps=3, batch_size=2, lr=1e-3, weight_decay=0.0, grad_clip=1.0, warmup_steps=1,
+                         hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_position_embeddings=256,
+                         solution_error_rate=0.0)
+    train_sft(settings, benchmark=ChainBenchmark(1, 2), output_dir=tmp_path / "m", seed=0,
               eval_fn=lambda model, tokenizer, step: {"pass@1": 0.25}, eval_every=2)
     lines = log.getvalue().splitlines()
     assert [line.split("  ")[:2] for line in lines] == [["sft", f"step {k}/3"] for k in (1, 2, 3)]

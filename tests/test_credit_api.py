@@ -24,7 +24,6 @@ from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.credit import compute_credit, method_defaults, policy_from_model
 from rredcot_cli.errors import ConfigError
 from rredcot_cli.methods import get_method
-from rredcot_cli.segmenters import get_segmenter
 
 TINY = str(resources.files("rredcot_cli") / "assets" / "tiny-chain")
 TEXTS = ["a=3.\nb=a+4=7.\nc=b*2=14.\nAnswer: 14", "a=3.\nb=a+4=8.\nc=b*2=16.\nAnswer: 16",
@@ -98,8 +97,7 @@ def _stage_credit(prompts, completions, method, params, tokenizer, policy=None, 
     samples = [{"prompt_id": f"p{g}", "sample_idx": i, "prompt_token_ids": p, "completion_token_ids": c,
                 "completion_logprobs": logprobs[i], "reward": r, "gold_answer": GOLD[i], "pred_answer": PRED[i]}
                for i, (p, c, r, g) in enumerate(zip(prompts, completions, REWARDS, GROUPS))]
-    options = {k: v for k, v in vars(SegmentConfig()).items() if k != "name"}
-    segments = pipeline.segment_rows(samples, tokenizer, get_segmenter("newline"), "newline", **options)
+    segments = pipeline.segment_rows(samples, tokenizer, SegmentConfig())
     batch = pipeline.credit_batch(samples, segments, answer_probe=PROBE)
     helpers = {} if policy is None else {"policy": policy, "scorer": policy.backend}
     return batch, pipeline.attribute(get_method(method), batch, {**method_defaults(method), **params}, helpers)

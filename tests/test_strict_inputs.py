@@ -61,7 +61,7 @@ def _numeric_fields(tp, prefix=""):
 def test_every_numeric_option_has_a_range():
     numeric = set(_numeric_fields(Config))
     missing = sorted(numeric - set(RANGES))
-    assert not missing, f"add these to rredcot_cli.config.schema.RANGES: {missing}"
+    assert not missing, f"give these a range (setting(..., range=...)) in rredcot_cli/config/schema.py: {missing}"
     unknown = sorted(set(RANGES) - numeric)
     assert not unknown, f"RANGES names options the schema has not (or not numeric): {unknown}"
     for key, spec in RANGES.items():

@@ -15,13 +15,17 @@ point of group ``rredcot.benchmarks`` (``name = "pkg.mod:Class"``, the same form
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rredcot_cli.benchmarks.base import Benchmark, Problem, StepCheckedBenchmark
 from rredcot_cli.errors import RredcotError
 from rredcot_cli.plugins import BENCHMARK_GROUP, PluginError, entry_point_names, load_entry_point
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import BenchmarkConfig
 
 BENCHMARKS: dict[str, str] = {
     "chain": "rredcot_cli.benchmarks.synthetic:ChainBenchmark",
@@ -108,13 +112,12 @@ def _keywords(factory: Callable, name: str, settings: dict[str, Any], options: d
     return {**chosen, **options}
 
 
-def benchmark_from_settings(settings: dict[str, Any]) -> Benchmark:
-    """The benchmark of a resolved ``benchmark.*`` config group (a plain dict): every setting but
-    the name and the splits goes to ``make_benchmark``, which hands each constructor the ones it takes."""
-    settings = dict(settings)
-    for key in ("train_split", "eval_split"):
-        settings.pop(key, None)
-    return make_benchmark(settings.pop("name"), **settings)
+def benchmark_from_settings(settings: BenchmarkConfig) -> Benchmark:
+    """The benchmark of the typed ``benchmark.*`` settings: every field but the name and the splits
+    goes to ``make_benchmark``, which hands each constructor the ones it takes."""
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+              if f.name not in ("name", "train_split", "eval_split")}
+    return make_benchmark(settings.name, **fields)
 
 
 def make_benchmark(

@@ -291,8 +291,9 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     YAML files too); check the method's parameters
     against its registry entry (this imports the method registry, hence torch); resolve
     interpolations (``run.dir`` defaults to ``runs/<YYYYmmdd-HHMMSS>``, from the ``now``
-    resolver); check every numeric option against its range and every method option typed
-    ``Literal[...]`` against its choices (``check_ranges``). Raises
+    resolver); check every numeric option against its range, every option declared with choices
+    (``schema.one_of``) and every method option typed ``Literal[...]`` against them, and each
+    group's cross-checks (``TrainConfig.problems``), all in ``check_ranges``. Raises
     ``ConfigError`` with a one-line message on any mistake.
     """
     # deferred: --help

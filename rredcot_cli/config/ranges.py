@@ -1,10 +1,12 @@
-"""Numeric ranges of the config: the specs of ``schema.RANGES`` and of each method's registry
-entry (``">= 1"``, ``"[0, 1)"``, bounds may name other options), parsed, and checked against a
-composed config with one ``ConfigError`` line per value outside its range; and the choices of
-each method's options (the ``Literal[...]`` fields of its params dataclass), checked the same way.
+"""What a composed config must satisfy beyond its types, checked once, with one ``ConfigError``
+line for the first value that does not: the numeric ranges of ``schema.RANGES`` and of each
+method's registry entry (``">= 1"``, ``"[0, 1)"``, bounds may name other options); the choices of
+the schema's fields (``schema.one_of``) and of each method's options (the ``Literal[...]`` fields
+of its params dataclass); and the checks between options of a group (its ``problems()``).
 
 ``config.compose`` imports this module, and the CLI imports that for ``rredcot --help``: OmegaConf,
-the schema and the method registry are imported inside the functions that use them (marked "deferred").
+the schema, the method registry and the preemption signal names are imported inside the functions
+that use them (marked "deferred").
 """
 
 from __future__ import annotations
@@ -113,7 +115,9 @@ def check_ranges(cfg: DictConfig) -> None:
     def lookup(key: str) -> Any:
         return OmegaConf.select(cfg, key)
 
-    for key, spec in RANGES.items():
+    # A value's own range before a bound that names another option, so "benchmark.max_steps=0"
+    # is reported as such rather than as a min_steps above it.
+    for key, spec in sorted(RANGES.items(), key=lambda item: _names_an_option(item[1])):
         value = lookup(key)
         if OmegaConf.is_list(value):
             value = OmegaConf.to_container(value)
@@ -124,8 +128,50 @@ def check_ranges(cfg: DictConfig) -> None:
         value, divisor = lookup(key), lookup(divisor_key)
         if _is_number(value) and _is_number(divisor) and divisor and value % divisor:
             raise ConfigError(f"{key}={value}: must be a multiple of {divisor_key}={divisor}")
+    _check_groups(cfg)
     if cfg.method is not None and cfg.method.get("name"):
         check_method_params(cfg.method.name, OmegaConf.to_container(cfg.method, resolve=True), "method.")
+
+
+def _check_groups(cfg: DictConfig) -> None:
+    """Refuse a schema field outside its choices (``schema.one_of``), a group whose
+    ``problems()`` finds a clash between its options, and an unknown ``train.preempt_signals`` name."""
+    # deferred: --help
+    from omegaconf import OmegaConf
+
+    from rredcot_cli.config.schema import Config
+    from rredcot_cli.train.preemption import signal_number
+
+    for name, group in _schema_groups(Config()):
+        for f in dataclasses.fields(group):
+            if "choices" in f.metadata:
+                problem = choice_error(f"{name}.{f.name}", OmegaConf.select(cfg, f"{name}.{f.name}"), f.metadata["choices"])
+                if problem:
+                    raise ConfigError(problem)
+        if hasattr(group, "problems"):
+            found = OmegaConf.to_object(OmegaConf.select(cfg, name)).problems()
+            if found:
+                raise ConfigError(found[0])
+    for signal_name in cfg.train.preempt_signals:
+        try:
+            signal_number(signal_name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _schema_groups(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every config group of the schema instance ``node`` (nested ones too), by dotted name."""
+    found = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            found += [(f"{prefix}{f.name}", value), *_schema_groups(value, f"{prefix}{f.name}.")]
+    return found
+
+
+def _names_an_option(spec: str) -> bool:
+    rng = parse_range(spec)
+    return isinstance(rng.low, str) or isinstance(rng.high, str)
 
 
 def choice_error(key: str, value: Any, allowed: tuple[Any, ...]) -> str | None:

@@ -4,7 +4,7 @@ and the one prompt format and tokenisation both sampling and training use."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,6 +12,9 @@ from rredcot_cli.errors import RredcotError
 from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
 from rredcot_cli.policy.hf import HFBackend
 from rredcot_cli.policy.vllm import VLLMBackend
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
 
 
 def resolve_device(device: str) -> str:
@@ -34,69 +37,51 @@ class Policy:
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 
 
-def load_policy(
-    *,
-    model_path: str,
-    dtype: str,
-    trust_remote_code: bool,
-    chat_template: Any,
-    backend: str,
-    device: str,
-    batch_size: int,
-    seed: int,
-    gpu_memory_utilization: float = 0.5,
-    tensor_parallel_size: int = 1,
-    enforce_eager: bool = False,
-    kv_cache_gb: float | None = None,
-    max_model_len: int | None = None,
-    sleep_mode: Any = "auto",
-    kv_cache_dtype: str = "auto",
-    sync_check_atol: float = 0.0,
-) -> Policy:
-    """Load an HF-format model (the embedded tiny one, a hub id or a local checkpoint) and the
-    generation backend. With ``backend="vllm"`` the HF model is still loaded: it is the copy that
-    gets trained and scored, and its weights are pushed to vLLM after every update. The
-    ``gpu_memory_utilization`` .. ``sleep_mode`` and ``sync_check_atol`` arguments are vLLM's,
-    ``kv_cache_dtype`` the HF backend's (``BackendConfig``)."""
-    if backend not in ("hf", "vllm"):
-        raise RredcotError(f"unknown backend {backend!r}; valid: hf, vllm")
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype}: unknown; valid: {', '.join(KV_CACHE_DTYPES)}")
-    if backend != "hf" and kv_cache_dtype != "auto":
-        raise RredcotError(f"backend.kv_cache_dtype={kv_cache_dtype} is an option of backend=hf; drop it with "
-                           f"backend={backend}")
-    if backend == "hf" and batch_size < 1:
-        raise RredcotError(f"backend.batch_size={batch_size}: the hf backend needs at least 1 sequence per "
+def load_policy(model: ModelConfig, backend: BackendConfig, seed: int) -> Policy:
+    """Load the HF-format model of the ``model.*`` settings (the embedded tiny one, a hub id or a
+    local checkpoint) and the generation backend of the ``backend.*`` settings. With
+    ``backend.name="vllm"`` the HF model is still loaded: it is the copy that gets trained and
+    scored, and its weights are pushed to vLLM after every update. ``seed`` seeds vLLM's sampler."""
+    if backend.name not in ("hf", "vllm"):
+        raise RredcotError(f"unknown backend {backend.name!r}; valid: hf, vllm")
+    if backend.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise RredcotError(f"backend.kv_cache_dtype={backend.kv_cache_dtype}: unknown; valid: {', '.join(KV_CACHE_DTYPES)}")
+    if backend.name != "hf" and backend.kv_cache_dtype != "auto":
+        raise RredcotError(f"backend.kv_cache_dtype={backend.kv_cache_dtype} is an option of backend=hf; drop it with "
+                           f"backend={backend.name}")
+    if backend.name == "hf" and backend.batch_size < 1:
+        raise RredcotError(f"backend.batch_size={backend.batch_size}: the hf backend needs at least 1 sequence per "
                            "generate call (0, all prompts in one call, is for backend=vllm)")
-    device = resolve_device(device)
-    path = resolve_model_path(model_path)
+    device = resolve_device(backend.device)
+    path = resolve_model_path(model.path)
     try:
-        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        weights, tokenizer = load_model_and_tokenizer(path, dtype=model.dtype, device=device,
+                                                      trust_remote_code=model.trust_remote_code)
     except OSError as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RredcotError(f"cannot load model.path={model_path}: {first_line} (pass a local HF model folder, "
+        raise RredcotError(f"cannot load model.path={model.path}: {first_line} (pass a local HF model folder, "
                            f"a checkpoint such as runs/<run>/train/checkpoints/final, or a hub id)") from error
-    chat_template = resolve_chat_template(tokenizer, chat_template, model_path)
-    if backend == "hf":
-        kv_dtype = None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
-        engine = HFBackend(model, tokenizer, batch_size=batch_size, device=device, kv_dtype=kv_dtype)
+    chat_template = resolve_chat_template(tokenizer, model.chat_template, model.path)
+    if backend.name == "hf":
+        kv_dtype = None if backend.kv_cache_dtype == "auto" else getattr(torch, backend.kv_cache_dtype)
+        engine = HFBackend(weights, tokenizer, batch_size=backend.batch_size, device=device, kv_dtype=kv_dtype)
     else:
         engine = VLLMBackend(
             str(path),
             tokenizer=tokenizer,
-            dtype=dtype,
+            dtype=model.dtype,
             device=device,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
+            gpu_memory_utilization=backend.gpu_memory_utilization,
+            tensor_parallel_size=backend.tensor_parallel_size,
+            enforce_eager=backend.enforce_eager,
             seed=seed,
-            trust_remote_code=trust_remote_code,
-            kv_cache_gb=kv_cache_gb,
-            max_model_len=max_model_len,
-            sleep_mode=sleep_mode,
-            sync_check_atol=sync_check_atol,
+            trust_remote_code=model.trust_remote_code,
+            kv_cache_gb=backend.kv_cache_gb,
+            max_model_len=backend.max_model_len,
+            sleep_mode=backend.sleep_mode,
+            sync_check_atol=backend.sync_check_atol,
         )
-    return Policy(model=model, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
+    return Policy(model=weights, tokenizer=tokenizer, backend=engine, device=device, chat_template=chat_template)
 
 
 CHAT_TEMPLATE_CHOICES = ("auto", True, False)

@@ -1,5 +1,6 @@
-"""Config-to-object glue shared by the stages. The only place that reads config groups for
-constructing things; everything below it takes explicit arguments."""
+"""The builders the stages share: each turns a config group into its typed settings (the
+schema's dataclass, ``OmegaConf.to_object``) and hands them to the wing that builds the object
+(benchmark, policy, segmentation, critic); nothing below the stages takes the composed config."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 import torch
 
+from rredcot_cli.config.schema import SegmentConfig
 from rredcot_cli.console import console
 from rredcot_cli.benchmarks import benchmark_from_settings
 from rredcot_cli.methods import method_and_params as from_settings
-from rredcot_cli.segmenters import get_segmenter
 from rredcot_cli.store import artifacts
 from rredcot_cli.policy.load import load_policy
 from rredcot_cli.train.critic import build_critic
@@ -19,30 +20,15 @@ from rredcot_cli.train.critic import build_critic
 
 def make_benchmark(cfg: DictConfig):
     """The benchmark of ``cfg.benchmark`` (``benchmarks.benchmark_from_settings``)."""
-    return benchmark_from_settings(OmegaConf.to_container(cfg.benchmark, resolve=True))
+    return benchmark_from_settings(OmegaConf.to_object(cfg.benchmark))
 
 
-def make_policy(cfg: DictConfig, model_path: str | None = None):
+def make_policy(cfg: DictConfig):
+    """The policy of the ``model.*`` and ``backend.*`` settings (``policy.load.load_policy``), with
+    ``backend.num_threads`` torch threads."""
     if cfg.backend.num_threads > 0:
         torch.set_num_threads(cfg.backend.num_threads)
-    return load_policy(
-        model_path=model_path or cfg.model.path,
-        dtype=cfg.model.dtype,
-        trust_remote_code=cfg.model.trust_remote_code,
-        chat_template=cfg.model.chat_template,
-        backend=cfg.backend.name,
-        device=cfg.backend.device,
-        batch_size=cfg.backend.batch_size,
-        seed=cfg.seed,
-        gpu_memory_utilization=cfg.backend.gpu_memory_utilization,
-        tensor_parallel_size=cfg.backend.tensor_parallel_size,
-        enforce_eager=cfg.backend.enforce_eager,
-        kv_cache_gb=cfg.backend.kv_cache_gb,
-        max_model_len=cfg.backend.max_model_len,
-        sleep_mode=cfg.backend.sleep_mode,
-        sync_check_atol=cfg.backend.sync_check_atol,
-        kv_cache_dtype=cfg.backend.kv_cache_dtype,
-    )
+    return load_policy(OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.backend), cfg.seed)
 
 
 def method_and_params(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
@@ -71,11 +57,9 @@ def make_critic(cfg: DictConfig, policy: Any):
     return build_critic(OmegaConf.to_object(cfg.critic), policy, cfg.seed)
 
 
-def segmenter_and_kwargs(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
-    """The segmentation rule and its keyword arguments: every ``segment.*`` field but the name
-    (each rule takes them all, so rules share one signature)."""
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.segment, resolve=True).items() if k != "name"}
-    return get_segmenter(cfg.segment.name), kwargs
+def segment_settings(cfg: DictConfig) -> SegmentConfig:
+    """The ``segment.*`` settings, typed (``segment.name`` is one of the rules: checked at compose time)."""
+    return OmegaConf.to_object(cfg.segment)
 
 
 def table_rows(table) -> list[dict]:

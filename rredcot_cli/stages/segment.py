@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from rredcot_cli.store import artifacts, runs
 from rredcot_cli.console import console
-from rredcot_cli.stages.common import make_policy, segmenter_and_kwargs, table_rows
+from rredcot_cli.stages.common import make_policy, segment_settings, table_rows
 from rredcot_cli.pipeline import completion_entropies, segment_rows
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.policy.models import resolve_model_path
@@ -21,16 +21,16 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     if out is None:
         return
     samples = table_rows(artifacts.read_artifact("samples", samples_path))
-    segmenter, kwargs = segmenter_and_kwargs(cfg)
+    settings = segment_settings(cfg)
 
     entropies = None
-    if needs_entropy(cfg.segment.name):
+    if needs_entropy(settings.name):
         # Entropy-based rules need a scoring pass of the model that sampled.
         policy = make_policy(cfg)
         tokenizer, entropies = policy.tokenizer, completion_entropies(policy, samples)
     else:
         tokenizer = _tokenizer(cfg)
-    rows = segment_rows(samples, tokenizer, segmenter, cfg.segment.name, entropies=entropies, **kwargs)
+    rows = segment_rows(samples, tokenizer, settings, entropies=entropies)
     path = artifacts.write_artifact("segments", rows, out.dir / "segments.parquet")
     out.finish({"segments": path}, extra={"segments": len(rows), "completions": len(samples)})
     console.print(f"wrote {len(rows)} segments for {len(samples)} completions "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rredcot_cli.errors import RredcotError
 from rredcot_cli.rng import seed_everything
@@ -42,13 +42,8 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
                                f"gold solutions (chain, chain_verbose, search)")
     model_dir = out.dir / "model"
     with runs.atomic_path(model_dir) as tmp:  # a killed run never leaves a half-written model
-        result = train_sft(benchmark=benchmark, output_dir=tmp, steps=f.steps, batch_size=f.batch_size, lr=f.lr,
-                           weight_decay=f.weight_decay, grad_clip=f.grad_clip, warmup_steps=f.warmup_steps,
-                           hidden_size=f.hidden_size, num_layers=f.num_layers, num_heads=f.num_heads,
-                           intermediate_size=f.intermediate_size, max_position_embeddings=f.max_position_embeddings,
-                           solution_error_rate=f.solution_error_rate, seed=cfg.seed,
-                           init=init, mix_benchmark=mix, mix_fraction=f.mix_fraction,
-                           group_by_length=f.group_by_length)
+        result = train_sft(OmegaConf.to_object(f), benchmark=benchmark, output_dir=tmp, seed=cfg.seed, init=init,
+                           mix_benchmark=mix)
     out.finish({"model": model_dir / "model.safetensors"}, extra=result)
     console.print(f"trained the tiny model in {result.get('seconds', 0):.0f}s -> [bold]{model_dir}[/bold] "
                   f"(use it with model.path={model_dir})")

@@ -28,23 +28,20 @@ from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 
 from rredcot_cli.train import distributed, preemption, tracking, trainable
-from rredcot_cli.train.preemption import signal_number
 from rredcot_cli.errors import Preempted, StorageError, TrainingError, stop_exit_status, stop_status
 from rredcot_cli.train.precision import resolve_precision
-from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segmenter_and_kwargs
+from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segment_settings
 from rredcot_cli.train.checkpoint import last_complete
 from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
-from rredcot_cli.train.update import OLD_LOGPROBS, UpdateHyper, old_from_sampler
+from rredcot_cli.train.update import UpdateHyper, old_from_sampler
 from rredcot_cli.config.schema import EXECUTION_KEYS, Config
-from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
-    t = cfg.train
-    _check_options(t)
+    t = cfg.train  # its choices and cross-checks were checked at compose time (config/ranges.py)
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
     parallel = _data_parallel(t, cfg.backend, precision, spec.name)
@@ -55,13 +52,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             return
         try:
             with preempt.at_once(parallel):  # start-up: nothing to finish, so a signal stops it at once
-                segmenter, segment_kwargs = segmenter_and_kwargs(cfg)
-                settings = train_settings(cfg, segment_kwargs)
+                settings = train_settings(cfg)
                 seed_everything(cfg.seed)
                 benchmark = make_benchmark(cfg)
                 policy = make_policy(cfg)
                 trainer = Trainer(settings, benchmark=benchmark, policy=policy, spec=spec, params=params,
-                                  segmenter=segmenter, out=out, parallel=parallel, precision=precision,
+                                  out=out, parallel=parallel, precision=precision,
                                   hyper=update_hyper(cfg, precision.name, spec.token_selection(params)),
                                   trackers=trackers)
             fitted = trainer.fit(preempt)
@@ -107,14 +103,14 @@ def kept_for_resume(train_dir, save_every: int) -> str:
             "and rerun with train.resume=true")
 
 
-def train_settings(cfg: DictConfig, segment_kwargs: dict) -> TrainSettings:
+def train_settings(cfg: DictConfig) -> TrainSettings:
     """What the loop reads from the config, as typed settings (the schema's dataclasses)."""
     lora = cfg.model.lora
     return TrainSettings(
         seed=cfg.seed, train=OmegaConf.to_object(cfg.train), sampling=OmegaConf.to_object(cfg.sampling),
         critic=OmegaConf.to_object(cfg.critic), train_split=cfg.benchmark.train_split,
         eval_split=cfg.benchmark.eval_split, backend_batch_size=cfg.backend.batch_size,
-        segment_rule=cfg.segment.name, segment_kwargs=segment_kwargs,
+        segment=segment_settings(cfg),
         lora=trainable.LoraSettings(**OmegaConf.to_container(lora)) if lora.r > 0 else None,
         save_dtype=cfg.model.dtype, tracked_config=OmegaConf.to_container(cfg, resolve=True))
 
@@ -187,36 +183,6 @@ def _hashed_config(cfg: DictConfig) -> DictConfig:
 def _tracking_record(names: list[str], out) -> dict | None:
     return {"trackers": names, "run_id": tracking.run_id(out.dir, out.manifest["created"])} if names else None
 
-
-
-def _check_options(t) -> None:
-    """Refuse a misspelled or impossible train.* choice before any model is loaded."""
-    choices = {"loss_agg": LOSS_AGGREGATIONS, "sampler_correction": SAMPLER_CORRECTIONS,
-               "lr_schedule": ("constant", "linear", "cosine"), "kl_estimator": ("k1", "k3"),
-               "old_logprobs": OLD_LOGPROBS}
-    for key, valid in choices.items():
-        if t[key] not in valid:
-            raise TrainingError(f"train.{key}={t[key]}: unknown; valid: {', '.join(valid)}")
-    if 0 < t.clip_ratio_c <= 1:
-        raise TrainingError(f"train.clip_ratio_c={t.clip_ratio_c}: the dual clip needs > 1 (verl: 3.0); 0 turns it off")
-    for name in t.preempt_signals:
-        try:
-            signal_number(name)
-        except ValueError as e:
-            raise TrainingError(str(e)) from None
-    if t.dist_timeout_s <= 0:
-        raise TrainingError(f"train.dist_timeout_s={t.dist_timeout_s}: must be > 0 seconds")
-    for key in ("micro_batch_size", "logprob_chunk_tokens"):
-        if t[key] < 0:
-            raise TrainingError(f"train.{key}={t[key]}: must be >= 0 (0 turns it off)")
-    if t.sampler_correction_cap <= 0:
-        raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: must be > 0")
-    if t.sampler_correction == "geometric_mask" and t.sampler_correction_cap <= 1:
-        raise TrainingError(f"train.sampler_correction_cap={t.sampler_correction_cap}: geometric_mask keeps rows "
-                            "whose geometric-mean ratio is in [1/cap, cap], so the cap must be > 1")
-    if t.old_logprobs == "sampler" and t.sampler_correction != "none":
-        raise TrainingError(f"train.old_logprobs=sampler with train.sampler_correction={t.sampler_correction}: the "
-                            "correction compares the sampler's log-probs with recomputed ones; use recompute or auto")
 
 
 def _data_parallel(t, backend_cfg, precision, method: str) -> distributed.DataParallel:

@@ -48,8 +48,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rredcot_cli.policy.logprobs import completion_logprobs
 from rredcot_cli.policy.weights import unwrap
+from rredcot_cli.config.schema import TrainConfig, choices
 
-PARALLEL_MODES = ("ddp", "fsdp2")
+PARALLEL_MODES = choices(TrainConfig, "parallel")  # ddp, fsdp2
 
 
 class CompletionLogprobs(torch.nn.Module):

@@ -41,6 +41,7 @@ close without touching this module (``bench/scaling.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -67,7 +68,7 @@ from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, Up
                                 auto_micro_batch_tokens, lr_lambda, policy_update)
 
 if TYPE_CHECKING:
-    from rredcot_cli.config.schema import CriticConfig, SamplingConfig, TrainConfig
+    from rredcot_cli.config.schema import CriticConfig, SamplingConfig, SegmentConfig, TrainConfig
 
 # A step without an update (dynamic sampling found no mixed group): nothing taken, nothing skipped.
 _NO_UPDATE = UpdateStats(loss=float("nan"), clip_fraction=float("nan"), kl_ref=float("nan"),
@@ -87,8 +88,7 @@ class TrainSettings:
     train_split: str  # benchmark.train_split
     eval_split: str  # benchmark.eval_split
     backend_batch_size: int  # backend.batch_size: completions per generate() call
-    segment_rule: str  # segment.name
-    segment_kwargs: dict  # every other segment.* setting
+    segment: SegmentConfig  # segment.*: the rule and its options
     lora: trainable.LoraSettings | None  # model.lora when model.lora.r > 0
     save_dtype: str  # model.dtype, the final checkpoint's
     tracked_config: dict  # the whole resolved config, as the trackers record it
@@ -140,14 +140,14 @@ class Trainer:
     forward pass, the credit method, the optimizer, the data-parallel group, the step clock and
     the recorder. ``fit()`` runs it; ``step(step)`` is one step of the algorithm."""
 
-    def __init__(self, settings: TrainSettings, *, benchmark, policy, spec, params: dict, segmenter: Callable,
+    def __init__(self, settings: TrainSettings, *, benchmark, policy, spec, params: dict,
                  out, parallel: distributed.DataParallel, precision: Precision, hyper: UpdateHyper,
                  trackers: list[str]):
         """``benchmark`` and ``policy`` come built (and the global RNGs seeded) by the stage;
         everything else the loop needs is built here, in this order, from them and ``settings``."""
         self.settings, self.t, self.s = settings, settings.train, settings.sampling
         self.spec, self.params, self.out, self.parallel, self.precision = spec, params, out, parallel, precision
-        self.hyper, self.benchmark, self.policy, self.segmenter = hyper, benchmark, policy, segmenter
+        self.hyper, self.benchmark, self.policy = hyper, benchmark, policy
         self.checkpoints = out.dir / "checkpoints"
         self.config_hash = out.manifest["config_hash"]
         self.saved = self._resumable()
@@ -160,7 +160,7 @@ class Trainer:
         self.engine = UpdateEngine(generator=self.generator, forward=self.forward, reference=self.reference,
                                    reference_forward=self.reference_forward, stepper=self.stepper,
                                    parallel=parallel, clock=self.clock)
-        self.parts = checkpoint.Stateful(self.trained, self.plain, parallel, self.tokenizer, self.optimizer,
+        self.parts = checkpoint.Stateful(self.trained, self.policy.model, parallel, self.tokenizer, self.optimizer,
                                           self.scheduler, self.generator, self.critic, self.stepper)
         self.recorder = Recorder(out, trackers, settings.tracked_config, parallel.is_main, spec.name,
                                  self.t.save_rollouts)
@@ -199,12 +199,15 @@ class Trainer:
                                 "problems to train on")
 
     def _build_policy(self) -> None:
-        """The policy (sampler + trained weights), its forward pass, the gradient stepper and the
-        frozen reference, wrapped for data parallelism."""
+        """The weights, one name per role: ``self.policy.model`` (the trained weights as they
+        sample, score, sync and are saved), ``self.trained`` (the same weights wrapped for data
+        parallelism, as the update runs them forward and backward) and ``self.reference`` (the
+        frozen initial policy of the KL term; None without one); then the forward pass and the
+        gradient stepper. ``self.policy`` becomes the loop's own ``Policy`` (the stage's backend,
+        the prepared weights): the one the stage built is not changed."""
         t, s, precision, policy = self.t, self.s, self.precision, self.policy
-        model = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
-                                  lora=self.settings.lora)
-        policy.model = model  # methods score with the policy being trained (adapters included)
+        prepared = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
+                                     lora=self.settings.lora)
         self.tokenizer = policy.tokenizer
         self.autocast = functools.partial(precision.autocast, policy.device)
         sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
@@ -214,17 +217,19 @@ class Trainer:
             micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device, self.parallel.world_size))
         self.stepper = GradientStepper(precision, policy.device)
         # The initial policy, also when resuming.
-        reference, self.reference_forward = (trainable.reference(model, precision, self.forward) if t.kl_coef
+        reference, self.reference_forward = (trainable.reference(prepared, precision, self.forward) if t.kl_coef
                                              else (None, None))
-        self.trained, self.plain, self.reference = self.parallel.wrap(model, reference)
-        if self.plain is not model:  # FSDP2 sharded the model in place: sample from the full copy
-            policy.model = self.plain
-            policy.backend.sync_weights(self.plain)
+        self.trained, plain, self.reference = self.parallel.wrap(prepared, reference)
+        # Methods score with the policy being trained (adapters included); FSDP2 shards the
+        # prepared model in place, so there the policy samples from the full copy ``wrap`` made.
+        self.policy = dataclasses.replace(policy, model=plain)
+        if plain is not prepared:
+            self.policy.backend.sync_weights(plain)
 
     def _build_method(self) -> None:
         """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""
         settings = self.settings
-        self.segment_needs_entropy = needs_entropy(settings.segment_rule)
+        self.segment_needs_entropy = needs_entropy(settings.segment.name)
         self.collaborators = {"scorer": self.policy.backend, "policy": self.policy}
         if "critic" in self.spec.needs:
             self.collaborators["critic"] = build_critic(settings.critic, self.policy, settings.seed)
@@ -252,8 +257,6 @@ class Trainer:
                           f"generate call(s) per step for {parallel.world_size} ranks: some ranks idle while "
                           f"sampling; a smaller backend.batch_size spreads sampling over every rank (and changes "
                           f"the samples)[/yellow]")
-        if t.dynamic_sampling and t.max_sampling_rounds < 1:
-            raise TrainingError(f"train.max_sampling_rounds={t.max_sampling_rounds}: dynamic sampling needs at least 1")
 
     # ------------------------------------------------------------------ the loop
 
@@ -331,8 +334,7 @@ class Trainer:
         mine = samples if self.batch_wide else self.parallel.groups_share(samples)
         with self.clock.phase("segment"):
             entropies = completion_entropies(self.policy, mine) if self.segment_needs_entropy and mine else None
-            segments = segment_rows(mine, self.tokenizer, self.segmenter, self.settings.segment_rule,
-                                    entropies=entropies, **self.settings.segment_kwargs)
+            segments = segment_rows(mine, self.tokenizer, self.settings.segment, entropies=entropies)
         with self.clock.phase("credit"):
             batch = self._credit_batch(mine, segments)
             credit = attribute(self.spec, batch, self.params, self.collaborators) if mine else None
@@ -358,8 +360,8 @@ class Trainer:
         """The new weights to the sampler (and the other ranks); the critic fitted, if any (its
         statistics, else None)."""
         with self.clock.phase("refresh"):
-            self.parallel.refresh(self.trained, self.plain)
-            self.policy.backend.sync_weights(self.plain)
+            self.parallel.refresh(self.trained, self.policy.model)
+            self.policy.backend.sync_weights(self.policy.model)
             if self.critic is None:
                 return None
             return self.critic.fit(batch.prompt_token_ids, batch.completion_token_ids, credit.token_values,
@@ -425,7 +427,7 @@ class Trainer:
             self.state = TrainState(eval_before=eval_before)
             return
         self.state = checkpoint.restore(self.saved, self.parts, self.t.prompts_per_step)
-        self.policy.backend.sync_weights(self.plain)
+        self.policy.backend.sync_weights(self.policy.model)
         self.resumed_from = self.state.step
         resuming = (f"resuming {self.out.dir} from step {self.state.step} of {self.t.steps} "
                     f"({self.saved[checkpoint.KEY_PATH]})")
@@ -468,7 +470,7 @@ class Trainer:
         try:
             with preempt.at_once(self.parallel):
                 # rank 0 writes; its failure is raised on every rank (not left to the held-out eval's collectives)
-                self.parallel.on_main(lambda: _save_checkpoint(self.plain, self.tokenizer, final_dir, self.critic,
+                self.parallel.on_main(lambda: _save_checkpoint(self.policy.model, self.tokenizer, final_dir, self.critic,
                                                                dtype_of(self.settings.save_dtype)))
                 eval_rows_after, eval_after = self.held_out_eval(steps)
         except preemption.StopNow:

@@ -32,7 +32,9 @@ from typing import Any, ContextManager
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
+from rredcot_cli.config.schema import TrainConfig, choices
+
+PRECISIONS = choices(TrainConfig, "precision")  # auto, fp32, bf16-mixed, fp16-mixed, bf16-true
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 

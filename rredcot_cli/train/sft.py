@@ -13,7 +13,7 @@ import random
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -22,6 +22,9 @@ from rredcot_cli.console import progress_bar
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.policy.model_files import save_tokenizer
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model, count_parameters
+
+if TYPE_CHECKING:
+    from rredcot_cli.config.schema import SFTConfig
 
 
 def _lr_factor(step: int, total: int, warmup: int, final_ratio: float = 0.1) -> float:
@@ -90,80 +93,72 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[
 
 
 def train_sft(
+    settings: SFTConfig,
     *,
     benchmark,
     output_dir: str | Path,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float,
-    grad_clip: float,
-    warmup_steps: int,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
     seed: int,
-    eval_fn: Callable[[torch.nn.Module, object, int], dict] | None = None,
-    eval_every: int = 0,
-    solution_error_rate: float = 0.0,
-    progress: bool = True,
     init: str | Path | None = None,
     mix_benchmark=None,
-    mix_fraction: float = 0.0,
-    group_by_length: bool = False,
+    eval_fn: Callable[[torch.nn.Module, object, int], dict] | None = None,
+    eval_every: int = 0,
+    progress: bool = True,
 ) -> dict:
-    """Train a fresh tiny model on ``benchmark``'s gold solutions and save it to ``output_dir``;
-    with ``init`` (a model folder with the same character tokenizer, e.g. the shipped
-    tiny-chain) continue training that model instead (the architecture arguments are then unused).
+    """Train a fresh tiny model on ``benchmark``'s gold solutions with the typed ``sft.*``
+    ``settings`` and save it to ``output_dir``; with ``init`` (a model folder with the same
+    character tokenizer, e.g. the shipped tiny-chain, which the stage resolves from
+    ``settings.init``) continue training that model instead (the architecture settings are then
+    unused).
 
     ``benchmark`` needs ``load``, ``prompt`` and ``solution``; ``steps * batch_size`` problems of
     its "train" split are used once each, in order. ``eval_fn(model, tokenizer, step) -> dict`` is
     called (model in eval mode, no grad) every ``eval_every`` steps if > 0 and after the last
     step; its numbers are merged into the returned metrics and the history.
 
-    With ``mix_benchmark`` (same interface), ``mix_fraction`` of the ``steps * batch_size``
-    examples are its train problems instead, shuffled in with the rest (rehearsal of a format the
-    model should keep). ``group_by_length`` batches similar lengths together (less padding).
+    With ``mix_benchmark`` (same interface; the stage builds it from ``settings.mix_benchmark``),
+    ``settings.mix_fraction`` of the ``steps * batch_size`` examples are its train problems
+    instead, shuffled in with the rest (rehearsal of a format the model should keep).
+    ``settings.group_by_length`` batches similar lengths together (less padding).
 
     Returns ``{"loss", "steps", "seconds", "num_parameters", "history", **final eval}``, where
     ``loss`` is the mean completion loss of the last 20 steps and ``history`` a list of dicts.
     """
     seed_everything(seed)
     output_dir = Path(output_dir)
+    f = settings
+    steps, batch_size = f.steps, f.batch_size
 
-    tokenizer = build_char_tokenizer(model_max_length=max_position_embeddings)
+    tokenizer = build_char_tokenizer(model_max_length=f.max_position_embeddings)
     model = _initial_model(init, tokenizer) if init else build_tiny_model(
         len(tokenizer),
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
+        hidden_size=f.hidden_size,
+        num_layers=f.num_layers,
+        num_heads=f.num_heads,
+        intermediate_size=f.intermediate_size,
+        max_position_embeddings=f.max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     model.train()
     total = steps * batch_size
-    rehearsed = round(total * mix_fraction) if mix_benchmark is not None else 0
+    rehearsed = round(total * f.mix_fraction) if mix_benchmark is not None else 0
     problems = benchmark.load("train", limit=total - rehearsed)
-    examples = _encode_examples(benchmark, problems, tokenizer, solution_error_rate, seed)
+    examples = _encode_examples(benchmark, problems, tokenizer, f.solution_error_rate, seed)
     if rehearsed:
         rehearsal = _encode_examples(mix_benchmark, mix_benchmark.load("train", limit=rehearsed), tokenizer,
-                                     solution_error_rate, seed + 1)
+                                     f.solution_error_rate, seed + 1)
         examples = _mixed_examples(examples, rehearsal, seed)
-    if group_by_length:
+    if f.group_by_length:
         examples = _grouped_by_length(examples, batch_size, seed)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
+        [{"params": decay, "weight_decay": f.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=f.lr,
         betas=(0.9, 0.99),
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, f.warmup_steps))
 
     def run_eval(step: int) -> dict:
         model.eval()
@@ -186,7 +181,7 @@ def train_sft(
             loss = (nll * loss_mask).sum() / loss_mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), f.grad_clip)
             optimizer.step()
             scheduler.step()
 

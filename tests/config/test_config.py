@@ -263,3 +263,39 @@ def test_the_model_presets_value_estimator_changes_no_hash():
     # ... while the method that reads it does change.
     assert config_hash(compose(["method=rredcot"]), ["method"]) != \
         config_hash(compose(["method=rredcot", "model.value_estimator=answer_share"]), ["method"])
+
+
+def test_every_choice_field_defaults_to_a_choice_and_the_wings_accept_exactly_those():
+    """A ``one_of`` field's choices are the only place its values are listed: its default is one,
+    and the wings that still keep a tuple of names (until they read the schema's) hold the same."""
+    from rredcot_cli.config.schema import Config, TrainConfig, choices
+    from rredcot_cli.train.loss import LOSS_AGGREGATIONS, SAMPLER_CORRECTIONS
+    from rredcot_cli.train.update import OLD_LOGPROBS
+
+    groups = [value for value in vars(Config()).values() if dataclasses.is_dataclass(value)]
+    declared = [(g, f) for g in groups for f in dataclasses.fields(g) if "choices" in f.metadata]
+    assert len(declared) >= 7
+    for group, f in declared:
+        assert getattr(group, f.name) in f.metadata["choices"], f"{type(group).__name__}.{f.name}"
+    assert choices(TrainConfig, "loss_agg") == LOSS_AGGREGATIONS
+    assert choices(TrainConfig, "sampler_correction") == SAMPLER_CORRECTIONS
+    assert choices(TrainConfig, "old_logprobs") == OLD_LOGPROBS
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["train.kl_estimator=k2"], "train.kl_estimator=k2: not a valid choice; valid: k1, k3"),
+    (["train.old_logprobs=sampler", "train.sampler_correction=token_mask"],
+     "train.old_logprobs=sampler with train.sampler_correction=token_mask: the correction compares"),
+    (["train.clip_ratio_c=1.0"], "train.clip_ratio_c=1.0: the dual clip needs > 1"),
+])
+def test_train_choices_and_cross_checks_fail_at_compose_time(overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        compose(overrides)
+    assert str(error.value).startswith(expected) and "\n" not in str(error.value)
+
+
+def test_the_segment_choices_are_the_registered_rules():
+    from rredcot_cli.config.schema import SegmentConfig, choices
+    from rredcot_cli.segmenters import SEGMENTERS
+
+    assert set(choices(SegmentConfig, "name")) == set(SEGMENTERS)

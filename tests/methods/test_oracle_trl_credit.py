@@ -31,7 +31,6 @@ from rredcot_cli.config.schema import SegmentConfig  # noqa: E402
 from rredcot_cli.credit import CreditResult, credit_statistics, method_defaults, policy_from_model  # noqa: E402
 from rredcot_cli.integrations import trl as integration  # noqa: E402
 from rredcot_cli.methods import get_method  # noqa: E402
-from rredcot_cli.segmenters import get_segmenter  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -138,8 +137,7 @@ def _toolkit_stats(call: dict, method: str, params: dict, tokenizer, model) -> d
                 "reward": float(r), "gold_answer": kw["gold_answers"][i], "pred_answer": kw["pred_answers"][i],
                 "benchmark": "chain"}
                for i, (p, c, r, g) in enumerate(zip(prompt_ids, completion_ids, rewards.tolist(), group_ids.tolist()))]
-    options = {k: v for k, v in vars(SegmentConfig()).items() if k != "name"}
-    segments = pipeline.segment_rows(samples, tokenizer, get_segmenter("newline"), "newline", **options)
+    segments = pipeline.segment_rows(samples, tokenizer, SegmentConfig())
     batch = pipeline.credit_batch(samples, segments, answer_probe=kw["answer_probe"])
     model.load_state_dict(call["state"])
     policy = policy_from_model(model, tokenizer)

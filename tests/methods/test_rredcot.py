@@ -231,14 +231,13 @@ def test_suffix_is_blames_the_single_wrong_step():
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark, apply_op
     from rredcot_cli.methods import get_method
     from rredcot_cli.methods.rredcot import RREDCoTParams
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
     from rredcot_cli.train.update import chunked_completion_logprobs
 
-    policy = load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                         backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                         tensor_parallel_size=1, enforce_eager=False, seed=0)
+    policy = load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
     bench = ChainBenchmark(6, 6)
     problem = bench.load("test", 1)[0]
     wrong_at, value, lines = 2, problem.meta["start"], []
@@ -264,7 +263,7 @@ def test_suffix_is_blames_the_single_wrong_step():
                 "pred_answer": bench.extract_answer(text)}
 
     samples = [sample(bench.solution(problem), i) for i in range(5)] + [sample(wrong, 5)]
-    segments = segment_rows(samples, tok, get_segmenter("newline"), "newline", tokens=32, min_tokens=1, max_segments=40)
+    segments = segment_rows(samples, tok, SegmentConfig(name="newline", tokens=32, min_tokens=1, max_segments=40))
     params = {**RREDCoTParams().__dict__, "value": "suffix_is", "is_self_normalised": False}
     batch = credit_batch(samples, segments, answer_probe=bench.ANSWER_PROBE)
     credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})
@@ -285,14 +284,14 @@ def test_identical_chains_get_exactly_zero_credit():
     from rredcot_cli.methods import get_method
     from rredcot_cli.methods.rredcot import RREDCoTParams
     from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
     from tests.batches import tiny_chain_credit_batch
 
     policy, samples, _ = tiny_chain_credit_batch()
     twins = [dict(samples[0], sample_idx=0), dict(samples[2], sample_idx=1)]
     assert twins[0]["completion_token_ids"] == twins[1]["completion_token_ids"]
-    segments = segment_rows(twins, policy.tokenizer, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
-                            max_segments=40)
+    segments = segment_rows(twins, policy.tokenizer, SegmentConfig(name="newline", tokens=32, min_tokens=1,
+                            max_segments=40))
     batch = credit_batch(twins, segments, answer_probe="Answer: {answer}{eos}")
     params = {**RREDCoTParams().__dict__, "value": "suffix_is"}
     credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})

@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rredcot_cli.config.schema import SFTConfig
 from rredcot_cli.benchmarks.synthetic import ChainBenchmark, SearchBenchmark
 from rredcot_cli.policy.models import (
     DEFAULT_ALPHABET,
@@ -165,12 +166,11 @@ def test_train_sft_smoke(tmp_path):
         calls.append(step)
         return {"probe": 1.0}
 
-    out = train_sft(
-        benchmark=ChainBenchmark(1, 3), output_dir=tmp_path / "sft", steps=4, batch_size=4, lr=1e-3,
-        weight_decay=0.01, grad_clip=1.0, warmup_steps=2, hidden_size=32, num_layers=1, num_heads=2,
-        intermediate_size=64, max_position_embeddings=256, seed=0, eval_fn=eval_fn, eval_every=2,
-        solution_error_rate=0.1, progress=False,
-    )
+    settings = SFTConfig(steps=4, batch_size=4, lr=1e-3, weight_decay=0.01, grad_clip=1.0, warmup_steps=2,
+                         hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=256,
+                         solution_error_rate=0.1)
+    out = train_sft(settings, benchmark=ChainBenchmark(1, 3), output_dir=tmp_path / "sft", seed=0, eval_fn=eval_fn,
+                    eval_every=2, progress=False)
     assert out["steps"] == 4 and out["loss"] > 0 and out["probe"] == 1.0 and calls == [2, 4]
     model, tok = load_model_and_tokenizer(str(tmp_path / "sft"))
     assert (tmp_path / "sft" / "model.safetensors").exists()
@@ -205,12 +205,11 @@ def test_train_sft_rehearsal_mixes_the_requested_fraction(tmp_path, monkeypatch)
     seen = []
     real_collate = sft_module._collate
     monkeypatch.setattr(sft_module, "_collate", lambda batch, pad: (seen.extend(batch), real_collate(batch, pad))[1])
-    sft_module.train_sft(
-        benchmark=ChainVerboseBenchmark(1, 2), output_dir=tmp_path / "m", steps=5, batch_size=4, lr=1e-3,
-        weight_decay=0.0, grad_clip=1.0, warmup_steps=1, hidden_size=16, num_layers=1, num_heads=2,
-        intermediate_size=32, max_position_embeddings=512, seed=0, progress=False,
-        mix_benchmark=ChainBenchmark(1, 2, data_seed=7), mix_fraction=0.25, group_by_length=True,
-    )
+    settings = SFTConfig(steps=5, batch_size=4, lr=1e-3, weight_decay=0.0, grad_clip=1.0, warmup_steps=1,
+                         hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_position_embeddings=512,
+                         solution_error_rate=0.0, mix_fraction=0.25, group_by_length=True)
+    sft_module.train_sft(settings, benchmark=ChainVerboseBenchmark(1, 2), output_dir=tmp_path / "m", seed=0,
+                         progress=False, mix_benchmark=ChainBenchmark(1, 2, data_seed=7))
     tok = build_char_tokenizer()
     verbose = ["Step" in tok.decode(c) for _, c in seen]
     assert len(seen) == 20 and verbose.count(False) == 5

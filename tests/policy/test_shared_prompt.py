@@ -90,16 +90,16 @@ def test_bfloat16_kv_cache_stays_close_to_the_model():
 
 def test_kv_cache_dtype_options():
     from rredcot_cli.errors import RredcotError
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.train.update import old_from_sampler
 
     assert old_from_sampler("auto", "hf", "fp32", "none", "auto")
     assert not old_from_sampler("auto", "hf", "fp32", "none", "bfloat16")  # other numbers: recompute
-    common = dict(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                  device="cpu", batch_size=8, seed=0)
-    policy = load_policy(backend="hf", kv_cache_dtype="bfloat16", **common)
+    model = ModelConfig(chat_template=False)
+    policy = load_policy(model, BackendConfig(name="hf", device="cpu", batch_size=8, kv_cache_dtype="bfloat16"), seed=0)
     assert policy.backend.kv_dtype is torch.bfloat16
     with pytest.raises(RredcotError, match="kv_cache_dtype=int8: unknown"):
-        load_policy(backend="hf", kv_cache_dtype="int8", **common)
+        load_policy(model, BackendConfig(name="hf", device="cpu", batch_size=8, kv_cache_dtype="int8"), seed=0)
     with pytest.raises(RredcotError, match="option of backend=hf"):
-        load_policy(backend="vllm", kv_cache_dtype="bfloat16", **common)
+        load_policy(model, BackendConfig(name="vllm", device="cpu", batch_size=8, kv_cache_dtype="bfloat16"), seed=0)

@@ -334,6 +334,7 @@ def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, char_tok
 
 def test_batch_size_zero_means_all_prompts_in_one_call(tmp_path):
     from rredcot_cli.config.compose import compose
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.pipeline import prompts_per_call
 
@@ -342,8 +343,7 @@ def test_batch_size_zero_means_all_prompts_in_one_call(tmp_path):
     assert (cfg.backend.batch_size, cfg.backend.device, cfg.backend.kv_cache_gb, cfg.backend.sleep_mode) == (0, "auto", None, "auto")
     assert compose([f"run.dir={tmp_path}"]).backend.batch_size == 64  # hf unchanged
     with pytest.raises(RredcotError, match="batch_size=0"):
-        load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                    backend="hf", device="cpu", batch_size=0, seed=0)
+        load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu", batch_size=0), seed=0)
 
 
 # -- real vLLM (the CPU build in CI's vLLM lane) ------------------------------------------------

@@ -249,7 +249,7 @@ def tokenizer():
 def test_first_error_segment_of_constructed_chains(tokenizer):
     from rredcot_cli.benchmarks import make_benchmark
     from rredcot_cli.pipeline import credit_batch, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
     bench = make_benchmark("chain", min_steps=4, max_steps=4)
     problem = bench.load("test", 1)[0]
@@ -271,8 +271,8 @@ def test_first_error_segment_of_constructed_chains(tokenizer):
                         "completion_logprobs": [0.0] * len(ids), "reward": reward, "gold_answer": problem.gold_answer,
                         "pred_answer": bench.extract_answer(text), "benchmark": "chain",
                         "meta": json.dumps(problem.meta)})
-    segments = segment_rows(samples, tokenizer, get_segmenter("newline"), "newline", tokens=32, min_tokens=1,
-                            max_segments=40)
+    segments = segment_rows(samples, tokenizer, SegmentConfig(name="newline", tokens=32, min_tokens=1,
+                            max_segments=40))
     batch = credit_batch(samples, segments)
     assert batch.num_segments.tolist() == [5, 5, 5, 4]  # one segment per line
     assert problem_of(samples[0]).meta == problem.meta

@@ -433,9 +433,8 @@ def test_what_data_parallelism_does_not_support_is_refused_in_one_line(monkeypat
 
 def test_an_unknown_parallel_mode_is_refused_before_anything_runs(tmp_path):
     from rredcot_cli.config.compose import compose
-    from rredcot_cli.errors import TrainingError
-    from rredcot_cli.stages import train
+    from rredcot_cli.errors import ConfigError
 
-    with pytest.raises(TrainingError, match="train.parallel=zero3: unknown; valid: ddp, fsdp2"):
-        train.run(compose([f"run.dir={tmp_path}", "train.parallel=zero3"]), [])
+    with pytest.raises(ConfigError, match="train.parallel=zero3: not a valid choice; valid: ddp, fsdp2"):
+        compose([f"run.dir={tmp_path}", "train.parallel=zero3"])
     assert not (tmp_path / "train").exists()

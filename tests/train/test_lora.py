@@ -138,3 +138,34 @@ def test_train_with_lora_end_to_end(tmp_path):
     assert not any("lora_" in n or "base_layer" in n for n in names)
     step = run / "train" / "checkpoints" / "step-000001"
     assert (step / "adapter_model.safetensors").is_file() and (step / "trainer_state.pt").is_file()
+
+
+def test_the_trainer_keeps_the_stage_policy_as_built_and_trains_its_own(tmp_path, monkeypatch):
+    """The loop's weights go by one name per role: ``trainer.policy.model`` is the prepared (here
+    LoRA-wrapped) model the loop samples, scores and saves; the Policy the stage loaded still holds
+    the model it loaded (the loop used to overwrite its ``model``), and both share one backend."""
+    from rredcot_cli.config.compose import compose
+    from rredcot_cli.stages import train as stage
+
+    seen = {}
+    real_init = stage.Trainer.__init__
+
+    def init(self, settings, *, policy, **kwargs):
+        seen["built"], seen["loaded"] = policy, policy.model
+        real_init(self, settings, policy=policy, **kwargs)
+
+    class Built(Exception):
+        pass
+
+    def fit(self, preempt):
+        seen["trainer"] = self
+        raise Built
+
+    monkeypatch.setattr(stage.Trainer, "__init__", init)
+    monkeypatch.setattr(stage.Trainer, "fit", fit)
+    with pytest.raises(Built):
+        stage.run(compose([f"run.dir={tmp_path / 'run'}", "experiment=quick", "model.lora.r=4"]), [])
+    trainer, built = seen["trainer"], seen["built"]
+    assert built.model is seen["loaded"]
+    assert trainer.policy is not built and trainer.policy.backend is built.backend
+    assert trainer.policy.model is not seen["loaded"] and trainer.policy.model.peft_config

@@ -160,14 +160,11 @@ def test_geometric_mask_keeps_rows_whose_geometric_mean_ratio_is_within_the_cap_
 
 def test_geometric_mask_with_a_cap_not_above_one_is_refused_before_the_run(tmp_path):
     from rredcot_cli.config.compose import compose
-    from rredcot_cli.errors import TrainingError
-    from rredcot_cli.stages.train import _check_options
+    from rredcot_cli.errors import ConfigError
 
-    cfg = compose([f"run.dir={tmp_path}", "train.sampler_correction=geometric_mask",
-                   "train.sampler_correction_cap=1.0"])
-    with pytest.raises(TrainingError, match="must be > 1"):
-        _check_options(cfg.train)
-    _check_options(compose([f"run.dir={tmp_path}", "train.sampler_correction=geometric_mask"]).train)
+    with pytest.raises(ConfigError, match="must be > 1"):
+        compose([f"run.dir={tmp_path}", "train.sampler_correction=geometric_mask", "train.sampler_correction_cap=1.0"])
+    compose([f"run.dir={tmp_path}", "train.sampler_correction=geometric_mask"])
 
 
 # --------------------------------------------------------------------------- inside the policy update

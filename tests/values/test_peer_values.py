@@ -154,11 +154,10 @@ def test_combine_token_attributions_hand_computed():
 
 @pytest.fixture(scope="module")
 def policy():
+    from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
 
-    return load_policy(model_path="embedded", dtype="float32", trust_remote_code=False, chat_template=False,
-                       backend="hf", device="cpu", batch_size=64, gpu_memory_utilization=0.5,
-                       tensor_parallel_size=1, enforce_eager=False, seed=0)
+    return load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -166,14 +165,14 @@ def traces(policy):
     """2 prompts x 2 sampled completions of short chains, newline-segmented, as the stages make them."""
     from rredcot_cli.benchmarks.synthetic import ChainBenchmark
     from rredcot_cli.pipeline import sample_rows, segment_rows
-    from rredcot_cli.segmenters import get_segmenter
+    from rredcot_cli.config.schema import SegmentConfig
 
     bench = ChainBenchmark(2, 3)
     problems = bench.load("train", 2)
     samples = sample_rows(policy, bench, problems, n=2, max_new_tokens=40, temperature=1.0, top_p=1.0, seed=3,
                           prompts_per_call=2)
-    segments = segment_rows(samples, policy.tokenizer, get_segmenter("newline"), "newline", tokens=32,
-                            min_tokens=1, max_segments=40)
+    segments = segment_rows(samples, policy.tokenizer, SegmentConfig(name="newline", tokens=32,
+                            min_tokens=1, max_segments=40))
     return bench, problems, samples, segments
 
 
