@@ -64,6 +64,12 @@ def _default(composed: dict, key: str, schema_default: Any) -> Any:
     return node
 
 
+def _valid(f: dataclasses.Field, key: str) -> str:
+    """What the field accepts: its choices (``schema.one_of``) and its range, as compose checks them."""
+    valid = ["one of " + ", ".join(f"`{c}`" for c in f.metadata["choices"])] if "choices" in f.metadata else []
+    return "; ".join(valid + ([schema.RANGES[key]] if key in schema.RANGES else []))
+
+
 def _option_rows(params: type, prefix: str, composed: dict) -> tuple[list[str], list[tuple[str, type]]]:
     """Table rows for the plain fields of the dataclass ``params``, and its nested dataclasses."""
     hints = typing.get_type_hints(params)
@@ -76,7 +82,7 @@ def _option_rows(params: type, prefix: str, composed: dict) -> tuple[list[str], 
             continue
         own = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         rows.append(f"| `{key}` | {_text(_options.describe(hints[f.name]))} | {_cell(_default(composed, key, own))} "
-                    f"| {_text(schema.RANGES.get(key, ''))} | {_text(comments.get(f.name, ''))} |")
+                    f"| {_text(_valid(f, key))} | {_text(comments.get(f.name, ''))} |")
     return rows, nested
 
 
