@@ -1,6 +1,6 @@
 """The benchmark registry: name -> ``"module:Class"``, imported only when the benchmark is made.
 
-Synthetic benchmarks (``chain``, ``chain_verbose``, ``search``) are generated from ``(min_steps, max_steps,
+Synthetic benchmarks (``chain``, ``chain_verbose``, ``chain_tail``, ``search``) are generated from ``(min_steps, max_steps,
 data_seed)`` and can check each step; real ones (``gsm8k``, ``math500``) read a data file
 (``path``, see ``rredcot_cli.data``) and check the final answer with math-verify under
 ``verify_timeout_s``; ``jsonl`` reads any question/answer file with a configurable answer
@@ -30,13 +30,14 @@ if TYPE_CHECKING:
 BENCHMARKS: dict[str, str] = {
     "chain": "rredcot_cli.benchmarks.synthetic:ChainBenchmark",
     "chain_verbose": "rredcot_cli.benchmarks.synthetic:ChainVerboseBenchmark",
+    "chain_tail": "rredcot_cli.benchmarks.synthetic:ChainTailBenchmark",
     "search": "rredcot_cli.benchmarks.synthetic:SearchBenchmark",
     "gsm8k": "rredcot_cli.benchmarks.gsm8k:GSM8KBenchmark",
     "math500": "rredcot_cli.benchmarks.math500:MATH500Benchmark",
     "jsonl": "rredcot_cli.benchmarks.jsonl:JSONLBenchmark",
     "arith": "rredcot_cli.benchmarks.jsonl:ArithBenchmark",
 }
-SYNTHETIC_BENCHMARKS = frozenset({"chain", "chain_verbose", "search"})
+SYNTHETIC_BENCHMARKS = frozenset({"chain", "chain_verbose", "chain_tail", "search"})
 
 __all__ = [
     "BENCHMARKS",

@@ -13,6 +13,10 @@
 (``Step 1: we have 7, the operations left are +3 *2, so mod 10 we get 7+3=0.``), a long chain of thought
 with as many decisions as a short one.
 
+``chain_tail`` poses the ``chain`` problems with the ``chain`` solution followed by ``tail_lines``
+free-text lines after the graded ``Answer:`` line (``Note: sand 7 moon red``), segments that cannot
+change the outcome: where theory says segment-level credit pays (issue 39, item 5).
+
 ``search`` (trial and check; the answer is fixed by the one line that says ``yes``)::
 
     prompt:      Find the first x in 3 8 1 5 with (7x+2)%10=7
@@ -48,6 +52,10 @@ _SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": ra
 
 class BenchmarkSplitError(RredcotError, ValueError):
     """An unknown split name: one line for the CLI, still a ValueError for callers."""
+
+
+class BenchmarkSettingError(RredcotError, ValueError):
+    """A synthetic benchmark option out of its range: one line for the CLI, still a ValueError."""
 
 
 def _bucket(question: str) -> int:
@@ -270,6 +278,57 @@ class ChainVerboseBenchmark(ChainBenchmark):
     def _line(step: int, value: int, op: str, operand: int, result: int, remaining: list[str]) -> str:
         return (f"Step {step}: we have {value}, the operations left are {' '.join(remaining)}, "
                 f"so mod 10 we get {value}{op}{operand}={result}.")
+
+
+class ChainTailBenchmark(ChainBenchmark):
+    """The ``chain`` problems (same questions, same splits; the prompt adds "with notes") whose
+    solution is the ``chain`` solution followed by ``tail_lines`` free-text lines::
+
+        7+3=0
+        0*4=0
+        Answer: 0
+        Note: sand 7 moon red
+        Note: fish 2 rain tree
+        ...
+
+    The tail comes after the graded ``Answer:`` line, so nothing written there changes the reward
+    (grading reads the first ``Answer:`` line, never the last number). Its words and digits are
+    drawn at random, so a model fine-tuned on it writes high-entropy text that is irrelevant to
+    the outcome: the segments an outcome-level advantage credits with pure noise and a good
+    segment-level estimator should credit with ~0. Gold solutions draw their tail from a stream
+    seeded by the question (the same problem always gets the same gold text); SFT data with
+    ``error_rate`` > 0 draws it from the SFT rng, so every example's tail is fresh (the tail has
+    no errors to inject: any text there is as right as any other).
+    """
+
+    name = "chain_tail"
+    PROMPT_CUE = ", with notes"
+    TAIL_PREFIX = "Note:"
+    # Short lowercase words, none a prefix of "Answer:", all inside the character tokenizer.
+    TAIL_WORDS = ("red", "blue", "cat", "dog", "sun", "moon", "tree", "fish", "bird", "rain", "star", "sand")
+
+    def __init__(self, min_steps: int = 4, max_steps: int = 12, data_seed: int = 1234, tail_lines: int = 4):
+        super().__init__(min_steps, max_steps, data_seed)
+        if not isinstance(tail_lines, int) or tail_lines < 0:
+            raise BenchmarkSettingError(f"benchmark chain_tail needs benchmark.options.tail_lines >= 0 (an integer), got {tail_lines!r}")
+        self.tail_lines = tail_lines
+
+    def prompt(self, problem: Problem) -> str:
+        return problem.question + self.PROMPT_CUE + "\n"
+
+    def tail(self, rng: random.Random) -> list[str]:
+        """``tail_lines`` lines ``Note: <word> <digit> <word> <word>`` drawn from ``rng``."""
+        words = self.TAIL_WORDS
+        return [f"{self.TAIL_PREFIX} {rng.choice(words)} {rng.randrange(MOD)} {rng.choice(words)} {rng.choice(words)}"
+                for _ in range(self.tail_lines)]
+
+    def solution(self, problem: Problem, error_rate: float = 0.0, rng: random.Random | None = None) -> str:
+        """The ``chain`` solution, then a newline and the tail lines (no trailing newline)."""
+        chain = super().solution(problem, error_rate, rng)
+        # str seeds are hashed with SHA-512 by `random`: the gold tail is stable across processes.
+        # error_rate 0 is the gold solution whatever rng is given (the synthetic contract).
+        tail_rng = rng if error_rate > 0 else random.Random(f"{self.name}/tail/{problem.question}")
+        return "\n".join([chain, *self.tail(tail_rng)])
 
 
 class SearchBenchmark(_SyntheticBase):

@@ -158,7 +158,7 @@ class BackendConfig:
 
 @dataclass
 class BenchmarkConfig:
-    # Registered benchmark: chain | chain_verbose | search (synthetic), gsm8k | math500 | arith |
+    # Registered benchmark: chain | chain_verbose | chain_tail | search (synthetic), gsm8k | math500 | arith |
     # jsonl (packaged or from path), or a user benchmark (docs/extending.md).
     name: str = "chain"
     # Local JSONL/Parquet file or folder, or an HF hub dataset id (real benchmarks only).

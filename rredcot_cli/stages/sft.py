@@ -4,6 +4,7 @@ solutions. With its defaults it reproduces the checkpoint shipped in rredcot_cli
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -12,7 +13,7 @@ from rredcot_cli.errors import RredcotError
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import runs
 from rredcot_cli.console import console
-from rredcot_cli.benchmarks import make_benchmark
+from rredcot_cli.benchmarks import benchmark_from_settings, make_benchmark
 from rredcot_cli.train.sft import train_sft
 from rredcot_cli.policy.models import shipped_model_dir
 
@@ -28,10 +29,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
     f = cfg.sft
 
     # SFT data uses shorter chains than RL (sft.min_steps/max_steps) to leave room for RL.
-    benchmark = make_benchmark(cfg.benchmark.name, min_steps=f.min_steps, max_steps=f.max_steps,
-                               data_seed=cfg.benchmark.data_seed)
+    # The benchmark's own options travel with it (chain_tail's tail_lines), so the SFT targets
+    # have the format that RL on the same benchmark config grades.
+    settings = dataclasses.replace(OmegaConf.to_object(cfg.benchmark), min_steps=f.min_steps, max_steps=f.max_steps)
+    benchmark = benchmark_from_settings(settings)
     if not hasattr(benchmark, "solution"):
-        raise RredcotError(f"rredcot sft needs a synthetic benchmark with gold solutions (chain, search), "
+        raise RredcotError(f"rredcot sft needs a synthetic benchmark with gold solutions (chain, chain_verbose, chain_tail, search), "
                            f"not benchmark={cfg.benchmark.name}")
     mix = None
     if f.mix_benchmark and f.mix_fraction > 0:

@@ -199,9 +199,9 @@ def test_missing_local_path(tmp_path):
 
 
 def test_registry_names_and_errors():
-    assert benchmark_names() == ["arith", "chain", "chain_verbose", "gsm8k", "jsonl", "math500", "search"]
+    assert benchmark_names() == ["arith", "chain", "chain_tail", "chain_verbose", "gsm8k", "jsonl", "math500", "search"]
     assert set(BENCHMARKS) == set(benchmark_names())
-    with pytest.raises(ValueError, match="arith, chain, chain_verbose, gsm8k, jsonl, math500, search"):
+    with pytest.raises(ValueError, match="arith, chain, chain_tail, chain_verbose, gsm8k, jsonl, math500, search"):
         make_benchmark("mmlu")
     with pytest.raises(RredcotError, match="unknown benchmark 'mmlu'"):
         make_benchmark("mmlu")

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot_cli.benchmarks.base import StepCheckedBenchmark
-from rredcot_cli.benchmarks.synthetic import ChainBenchmark, ChainVerboseBenchmark, SearchBenchmark
+from rredcot_cli.benchmarks.synthetic import ChainBenchmark, ChainTailBenchmark, ChainVerboseBenchmark, SearchBenchmark
 
-BENCHMARKS = [ChainBenchmark, ChainVerboseBenchmark, SearchBenchmark]
+BENCHMARKS = [ChainBenchmark, ChainVerboseBenchmark, ChainTailBenchmark, SearchBenchmark]
 
 
 @pytest.mark.parametrize("cls", BENCHMARKS)
@@ -235,13 +235,82 @@ def test_noisy_solutions(cls):
     wrong = 0
     for p, text in zip(problems, noisy):
         gold_lines = bench.gold_lines(p)
-        lines = text.split("\n")[:-1]
+        lines = text.split("\n")
+        lines = lines[:next(i for i, line in enumerate(lines) if line.startswith("Answer:"))]  # chain_tail: a tail follows
         assert len(lines) == p.meta["steps"]
         first = next((k for k, (a, b) in enumerate(zip(lines, gold_lines)) if a != b), None)
         assert bench.first_wrong_step(text, p) == first
         wrong += first is not None
-        if cls is ChainBenchmark and first is None:
+        if cls in (ChainBenchmark, ChainTailBenchmark) and first is None:
             assert bench.verify(text, p) == 1.0
     assert 0.3 < wrong / len(problems) < 0.99
     with pytest.raises(ValueError):
         bench.solution(problems[0], error_rate=0.1)
+
+
+def test_chain_tail_grades_the_answer_line_not_the_tail():
+    """A correct chain whose free-text tail holds a wrong number (even as the last number, even
+    the word Answer inside a note) is correct; a wrong Answer line with the gold number in the tail
+    is wrong. The tail is never a step line."""
+    from rredcot_cli.benchmarks.base import grade_completion
+
+    bench = ChainTailBenchmark(min_steps=3, max_steps=3)
+    problem = bench.load("test", 1)[0]
+    gold = problem.gold_answer
+    wrong = str((int(gold) + 1) % 10)
+    steps = "\n".join(bench.gold_lines(problem))
+    right = f"{steps}\nAnswer: {gold}\nNote: red {wrong} cat dog\nNote: the answer is {wrong}\n{wrong}"
+    assert bench.verify(right, problem) == 1.0
+    assert grade_completion(bench, right, problem) == (gold, 1.0)
+    assert bench.first_wrong_step(right, problem) is None
+    assert len(bench.step_char_spans(right)) == 3
+    slipped = f"{steps}\nAnswer: {wrong}\nNote: red {gold} cat dog\nAnswer: {gold}"
+    assert grade_completion(bench, slipped, problem) == (wrong, 0.0)
+
+
+def test_chain_tail_is_deterministic_by_data_seed_with_its_tail():
+    """Same data seed: the same problems and the same gold completions, tail included; another
+    data seed: other problems. The problems are chain's own (same questions, same splits)."""
+    a, b = ChainTailBenchmark(data_seed=7), ChainTailBenchmark(data_seed=7)
+    problems = a.load("train", 20)
+    assert problems == b.load("train", 20)
+    assert [a.solution(p) for p in problems] == [b.solution(p) for p in b.load("train", 20)]
+    assert ChainTailBenchmark(data_seed=8).load("train", 20) != problems
+    assert [p.question for p in problems] == [p.question for p in ChainBenchmark(data_seed=7).load("train", 20)]
+    assert all(a.prompt(p).endswith(", with notes\n") for p in problems)
+
+
+@pytest.mark.parametrize("tail_lines", [0, 1, 4])
+def test_chain_tail_solution_ends_with_its_tail(tail_lines):
+    bench = ChainTailBenchmark(min_steps=2, max_steps=5, tail_lines=tail_lines)
+    for p in bench.load("validation", 10):
+        lines = bench.solution(p).split("\n")
+        answer_at = next(i for i, line in enumerate(lines) if line.startswith("Answer:"))
+        assert lines[:answer_at] == bench.gold_lines(p)
+        tail = lines[answer_at + 1:]
+        assert len(tail) == tail_lines and all(line.startswith("Note: ") for line in tail)
+
+
+def test_chain_tail_rejects_a_negative_tail_in_one_line():
+    with pytest.raises(ValueError, match="benchmark.options.tail_lines >= 0"):
+        ChainTailBenchmark(tail_lines=-1)
+
+
+def test_chain_tail_sft_targets_hold_the_tail_and_vary_it():
+    """SFT targets (gold and noisy) contain the tail; noisy ones draw a fresh tail per example, so
+    the fine-tuned model writes high-entropy text after the graded line."""
+    import random
+
+    from rredcot_cli.policy.models import build_char_tokenizer
+    from rredcot_cli.train.sft import _encode_examples
+
+    bench = ChainTailBenchmark(min_steps=2, max_steps=4, tail_lines=3)
+    problems = bench.load("train", 30)
+    tok = build_char_tokenizer()
+    for error_rate in (0.0, 0.05):
+        targets = [tok.decode(c, skip_special_tokens=True)
+                   for _, c in _encode_examples(bench, problems, tok, error_rate=error_rate, seed=0)]
+        tails = [t.split("\n")[-3:] for t in targets]
+        assert all(line.startswith("Note: ") for tail in tails for line in tail)
+        assert len({tuple(t) for t in tails}) == len(problems)
+    assert bench.solution(problems[0], 0.05, random.Random(1)) != bench.solution(problems[0], 0.05, random.Random(2))

@@ -224,3 +224,27 @@ def test_sft_stage_rejects_a_rehearsal_benchmark_without_solutions(tmp_path):
                                       "sft.mix_benchmark=gsm8k", "sft.mix_fraction=0.5"])
     assert result.exit_code != 0
     assert "sft.mix_benchmark=gsm8k" in result.output
+
+
+def test_sft_stage_fine_tunes_on_the_benchmarks_own_options(tmp_path, monkeypatch):
+    """`rredcot sft benchmark=chain_tail benchmark.options.tail_lines=2` trains on targets with
+    two tail lines: the stage hands the benchmark its options, as RL on the same config grades."""
+    from typer.testing import CliRunner
+
+    from rredcot_cli.cli import app
+    from rredcot_cli.train import sft as sft_module
+
+    seen = []
+    real_collate = sft_module._collate
+    monkeypatch.setattr(sft_module, "_collate", lambda batch, pad: (seen.extend(batch), real_collate(batch, pad))[1])
+    result = CliRunner().invoke(app, ["sft", f"run.dir={tmp_path}/r", "benchmark=chain_tail",
+                                      "benchmark.options.tail_lines=2", "sft.steps=1", "sft.batch_size=3",
+                                      "sft.warmup_steps=1", "sft.hidden_size=16", "sft.num_layers=1",
+                                      "sft.num_heads=2", "sft.intermediate_size=32"])
+    assert result.exit_code == 0, result.output
+    tok = build_char_tokenizer()
+    targets = [tok.decode(c, skip_special_tokens=True) for _, c in seen]
+    assert len(targets) == 3
+    for target in targets:
+        after = target.split("Answer:", 1)[1].split("\n")[1:]
+        assert len(after) == 2 and all(line.startswith("Note: ") for line in after)
