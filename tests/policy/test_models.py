@@ -151,6 +151,33 @@ def test_shipped_verbose_model_continues_gold_chain_verbose_lines():
     assert solved >= 6
 
 
+def test_shipped_tail_model_writes_the_chain_tail_format():
+    """tiny-chain-tail ships with the character tokenizer of tiny-chain and, decoding greedily, ends
+    most test chains with the graded Answer line and then exactly four Note lines of the tail's
+    words: the model card's claim, in small (greedy: 63 of 64 in the card)."""
+    from rredcot_cli.benchmarks.synthetic import ChainTailBenchmark
+
+    assert Path(resolve_model_path("tiny-chain-tail")).name == "tiny-chain-tail"
+    model, tok = load_model_and_tokenizer("tiny-chain-tail")
+    assert count_parameters(model) == 1_587_328
+    assert tok.get_vocab() == build_char_tokenizer().get_vocab()
+    bench = ChainTailBenchmark(min_steps=8, max_steps=12)
+    in_format = 0
+    for p in bench.load("test", 6):
+        ids = tok.encode(bench.prompt(p), add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=224, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        text = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+        lines = text.split("\n")
+        at = next((i for i, line in enumerate(lines) if line.startswith("Answer:")), None)
+        tail = [] if at is None else lines[at + 1:]
+        words = [w for line in tail for w in line.split()[1:] if not w.isdigit()]
+        in_format += (len(tail) == 4 and all(line.startswith("Note: ") for line in tail)
+                      and all(w in bench.TAIL_WORDS for w in words))
+    assert in_format >= 5
+
+
 def test_import_rredcot_cli_does_not_import_torch():
     code = "import sys, rredcot_cli, rredcot_cli.benchmarks.synthetic; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
