@@ -8,7 +8,7 @@ set -euo pipefail
 export OMP_NUM_THREADS=1
 D=results/where-credit-pays/B-embedded-headroom
 
-# --- 1. the SFT warm-up: two rounds from the shipped tiny-chain (commit 5d08d6e; the result is
+# --- 1. the SFT warm-up: two rounds from the shipped tiny-chain (commit 5d08d6e, chain_tail before the rebase onto main, as 5b616aa; the result is
 # rredcot_cli/assets/tiny-chain-tail, sha256 d9e2103f... of model.safetensors; its README and training.json)
 rredcot sft run.dir=runs/tct1 seed=0 benchmark=chain_tail sft.init=tiny-chain sft.min_steps=2 sft.max_steps=12 \
   sft.solution_error_rate=0.08 sft.mix_benchmark=chain sft.mix_fraction=0.25 sft.steps=200 sft.batch_size=8 \
