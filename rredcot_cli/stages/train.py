@@ -27,7 +27,7 @@ from rredcot_cli.console import console, print_table
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 
-from rredcot_cli.train import distributed, preemption, tracking, trainable
+from rredcot_cli.train import distributed, memory, preemption, tracking, trainable
 from rredcot_cli.train.preemption import signal_number
 from rredcot_cli.errors import Preempted, StorageError, TrainingError, stop_exit_status, stop_status
 from rredcot_cli.train.precision import resolve_precision
@@ -44,6 +44,8 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 def run(cfg: DictConfig, overrides: list[str]) -> None:
     spec, params = method_and_params(cfg)
     t = cfg.train
+    # before the model is built: freed tensors then leave the resident set (train/memory.py)
+    memory.return_freed_memory_to_os()
     _check_options(t)
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
