@@ -42,10 +42,10 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
+    # first, before anything is built: what torch frees then leaves the resident set (train/memory.py)
+    memory.return_freed_memory_to_os()
     spec, params = method_and_params(cfg)
     t = cfg.train
-    # before the model is built: freed tensors then leave the resident set (train/memory.py)
-    memory.return_freed_memory_to_os()
     _check_options(t)
     trackers = tracking.check(list(cfg.tracking))
     precision = _precision(t.precision, cfg.model.dtype)
