@@ -65,7 +65,10 @@ BUSY = 1.15  # load average above one core for the run itself
 def numbers_and_weights(run: pathlib.Path):
     metrics = pq.read_table(run / "train" / "metrics.parquet").to_pylist()
     numbers = [{k: v for k, v in r.items() if not timing.search(k)} for r in metrics]
-    weights = hashlib.sha256((run / "train/checkpoints/final/model.safetensors").read_bytes()).hexdigest()
+    # final/, or the last step's checkpoint of a run stopped (SIGTERM) after its last step
+    saved = sorted((run / "train/checkpoints").glob("*/model.safetensors"))
+    final = run / "train/checkpoints/final/model.safetensors"
+    weights = hashlib.sha256((final if final.exists() else saved[-1]).read_bytes()).hexdigest()
     return metrics, numbers, weights
 
 
@@ -82,10 +85,10 @@ for log_path in sorted(work.glob("*.log")):
     manifest = json.loads((run / "train" / "manifest.json").read_text())
     load_file = work / f"{name}.load.json"
     load = json.loads(load_file.read_text()) if load_file.exists() else {}
-    busy = max(load.values(), default=None)
+    busy = max((v for k, v in load.items() if k.startswith("loadavg")), default=None)
     reference = next((work / n for n in (f"{shape}_baseline_before", f"{shape}_baseline")
-                      if (work / n / "train" / "metrics.parquet").exists()), run)
-    _, ref_numbers, ref_weights = numbers_and_weights(reference)
+                      if (work / n / "train" / "metrics.parquet").exists() and n != name), None)
+    _, ref_numbers, ref_weights = numbers_and_weights(reference) if reference else (None, None, None)
     rss = grab(r"Maximum resident set size \(kbytes\)") * 1024
     rows.append({"run": name, "shape": shape, "command": command, "commit": manifest.get("git", {}).get("sha"),
                  "seed": manifest.get("seed", 0), "load": load,
@@ -94,10 +97,12 @@ for log_path in sorted(work.glob("*.log")):
                  "user_cpu_s": grab(r"User time \(seconds\)"), "system_cpu_s": grab(r"System time \(seconds\)"),
                  "wall": re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", log).group(1),
                  "hint_printed": "train.gradient_checkpointing=true would" in log,
+                 "stopped_after_last_step": "stopped after step" in log,
                  "steps": [{k: r.get(k) for k in ("step", "seconds_sampling", "seconds_update", "tokens",
                                                   "response_tokens_mean")} for r in metrics],
-                 "compared_with": reference.name,
-                 "metrics_equal": numbers == ref_numbers, "weights_equal": weights == ref_weights})
+                 "compared_with": reference and reference.name,
+                 "metrics_equal": reference and numbers == ref_numbers,
+                 "weights_equal": reference and weights == ref_weights})
 out.write_text(json.dumps({"floor_gib": floor / 2**30, "params": params, "runs": rows}, indent=1) + "\n")
 for r in rows:
     print(f"{r['run']:28s} {r['peak_rss_gib']:.2f} GiB {r['rss_over_floor']:.2f}x  user {r['user_cpu_s']:.0f} s  "
