@@ -27,7 +27,7 @@ from rredcot_cli.console import console, print_table
 from rredcot_cli.rng import seed_everything
 from rredcot_cli.store import artifacts, metrics_log, runs, train_rollouts
 
-from rredcot_cli.train import distributed, preemption, tracking, trainable
+from rredcot_cli.train import distributed, memory, preemption, tracking, trainable
 from rredcot_cli.errors import Preempted, StorageError, TrainingError, stop_exit_status, stop_status
 from rredcot_cli.train.precision import resolve_precision
 from rredcot_cli.stages.common import make_benchmark, make_policy, method_and_params, segment_settings
@@ -40,6 +40,8 @@ CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sa
 
 
 def run(cfg: DictConfig, overrides: list[str]) -> None:
+    # first, before anything is built: what torch frees then leaves the resident set (train/memory.py)
+    memory.return_freed_memory_to_os()
     spec, params = method_and_params(cfg)
     t = cfg.train  # its choices and cross-checks were checked at compose time (config/ranges.py)
     trackers = tracking.check(list(cfg.tracking))

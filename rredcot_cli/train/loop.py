@@ -55,7 +55,7 @@ import torch
 from rredcot_cli.console import console, progress_bar
 from rredcot_cli.rng import derive_seed
 from rredcot_cli.store import metrics_log, runs, train_rollouts
-from rredcot_cli.train import distributed, mismatch, steptime, tracking, checkpoint, trainable, preemption
+from rredcot_cli.train import distributed, memory, mismatch, steptime, tracking, checkpoint, trainable, preemption
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
@@ -206,6 +206,7 @@ class Trainer:
         gradient stepper. ``self.policy`` becomes the loop's own ``Policy`` (the stage's backend,
         the prepared weights): the one the stage built is not changed."""
         t, s, precision, policy = self.t, self.s, self.precision, self.policy
+        model_config = policy.model.config
         prepared = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
                                      lora=self.settings.lora)
         self.tokenizer = policy.tokenizer
@@ -216,6 +217,8 @@ class Trainer:
             chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=self.autocast,
             micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device, self.parallel.world_size))
         self.stepper = GradientStepper(precision, policy.device)
+        if self.parallel.is_main:
+            self._hint_checkpointing(model_config, prepared)
         # The initial policy, also when resuming.
         reference, self.reference_forward = (trainable.reference(prepared, precision, self.forward) if t.kl_coef
                                              else (None, None))
@@ -225,6 +228,17 @@ class Trainer:
         self.policy = dataclasses.replace(policy, model=plain)
         if plain is not prepared:
             self.policy.backend.sync_weights(plain)
+
+    def _hint_checkpointing(self, model_config, model: torch.nn.Module) -> None:
+        """One line when gradient checkpointing, left off, would save much memory (it costs speed,
+        so it is the user's choice: rredcot_cli/train/memory.py)."""
+        t = self.t
+        positions = memory.positions_per_pass(self.forward.micro_batch_tokens, t.micro_batch_size or t.minibatch_size,
+                                              self.s.max_new_tokens)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        hint = memory.checkpointing_hint(t.gradient_checkpointing, model_config, trained, positions)
+        if hint:
+            console.print(hint)
 
     def _build_method(self) -> None:
         """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""
