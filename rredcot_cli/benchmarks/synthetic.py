@@ -304,6 +304,10 @@ class ChainTailBenchmark(ChainBenchmark):
     name = "chain_tail"
     PROMPT_CUE = ", with notes"
     TAIL_PREFIX = "Note:"
+    # The forced answer the way this format writes it: the Answer line ends with a newline (the
+    # Notes follow), never with end-of-text, so the inherited "Answer: {answer}{eos}" would score an
+    # ending the model was trained never to write right there (issue 37, item 4).
+    ANSWER_PROBE = "Answer: {answer}\n"
     # Short lowercase words, none a prefix of "Answer:", all inside the character tokenizer.
     TAIL_WORDS = ("red", "blue", "cat", "dog", "sun", "moon", "tree", "fish", "bird", "rain", "star", "sand")
 

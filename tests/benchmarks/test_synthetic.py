@@ -314,3 +314,27 @@ def test_chain_tail_sft_targets_hold_the_tail_and_vary_it():
         assert all(line.startswith("Note: ") for tail in tails for line in tail)
         assert len({tuple(t) for t in tails}) == len(problems)
     assert bench.solution(problems[0], 0.05, random.Random(1)) != bench.solution(problems[0], 0.05, random.Random(2))
+
+
+def test_chain_tail_answer_probe_scores_the_answer_line_as_the_format_writes_it():
+    """chain_tail's forced answer is its Answer line as the gold text writes it: "Answer: 7" and the
+    newline before the Notes, no end-of-text (the model writes Notes there); chain keeps its EOS."""
+    from transformers import AutoTokenizer
+
+    from rredcot_cli.policy.models import resolve_model_path
+    from rredcot_cli.values.answer_probe import probe_tokens
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny-chain-tail"))
+    bench = ChainTailBenchmark(min_steps=2, max_steps=2, tail_lines=2)
+    problem = bench.load("test", 1)[0]
+    gold = bench.solution(problem)
+    answer_line = gold.index("Answer:")
+    context, scored = probe_tokens(tok, bench.ANSWER_PROBE, problem.gold_answer)
+    assert tok.decode(list(context)) == "Answer: "
+    assert tok.decode(list(scored)) == problem.gold_answer + "\n"
+    assert tok.eos_token_id not in scored
+    # the probe's text is the gold completion's own text from the Answer line up to the first Note
+    probe_text = tok.decode(list(context + scored))
+    assert gold[answer_line:].startswith(probe_text) and gold[answer_line + len(probe_text):].startswith("Note: ")
+    _, chain_scored = probe_tokens(tok, ChainBenchmark.ANSWER_PROBE, problem.gold_answer)
+    assert chain_scored[-1] == tok.eos_token_id and ChainBenchmark.ANSWER_PROBE == "Answer: {answer}{eos}"
