@@ -56,3 +56,29 @@ rredcot train $B method=grpo method.scale_by_std=true run.dir=runs/b-emb-timing/
 rredcot train $B method=rredcot method.value=suffix_is method.is_self_normalised=false method.advantage=immediate \
   method.baseline=group_mean method.clip_reward=1.0 method.is_boundaries=matched method.is_window=1 \
   method.is_window_unit=segments method.is_clip=20.0 run.dir=runs/b-emb-timing/rredcot
+
+# --- 5. which value estimator finds the free tail? (issue 37 item 4 / issue 39 item 5; estimators/)
+# On the committed traces (judge-traces/ holds $R's samples, segments and the kept MC reference, so
+# these judges reuse the reference and take seconds), at commit 2367efe: chain_tail's answer probe
+# is "Answer: {answer}\n" (its format: the Notes follow the Answer line), no longer the inherited
+# "Answer: {answer}{eos}". RREDCoT with value=answer_probe and value=answer_share, advantage
+# immediate, beside the registered suffix_is row and the controls of section 3; answer_probe with the
+# old EOS probe as the before-the-fix diagnostic.
+E=$D/estimators
+[ -d $R ] || cp -r $D/judge-traces $R
+for v in answer_probe answer_share; do
+  t=${v//_/-}
+  rredcot judge run.dir=$R $ex judge.batches=5 judge.reference_k=8 judge.reruns=1 'judge.methods=[rredcot]' run.tag=$t \
+    +judge.params.rredcot.value=$v
+  rredcot attribute run.dir=$R $ex method=rredcot method.value=$v method.advantage=immediate method.baseline=group_mean \
+    method.clip_reward=1.0 run.tag=rredcot-$t
+done
+rredcot judge run.dir=$R $ex judge.batches=5 judge.reference_k=8 judge.reruns=1 'judge.methods=[rredcot]' run.tag=answer-probe-eos \
+  +judge.params.rredcot.value=answer_probe '+judge.params.rredcot.probe_template="Answer: {answer}{eos}"'
+rredcot attribute run.dir=$R $ex method=rredcot method.value=answer_probe method.advantage=immediate method.baseline=group_mean \
+  method.clip_reward=1.0 'method.probe_template="Answer: {answer}{eos}"' run.tag=rredcot-answer-probe-eos
+python bench/tail_credit.py $R/segment/segments.parquet grpo=$R/attribute-grpo/grpo rredcot_suffix_is=$R/attribute-rredcot/rredcot \
+  rredcot_answer_probe=$R/attribute-rredcot-answer-probe/rredcot rredcot_answer_share=$R/attribute-rredcot-answer-share/rredcot \
+  rredcot_answer_probe_eos=$R/attribute-rredcot-answer-probe-eos/rredcot --reference $R/mc-reference/*.parquet --batches 5 \
+  --out $E/tail_credit.json
+# (estimators/ holds the three judges, their printed tables (*.log) and the three attributions, copied from $R)
