@@ -42,7 +42,7 @@ def test_the_prompt_is_the_few_shot_chat_ending_in_the_question():
     assert prompt.endswith("<|im_start|>user\nWhat is 5 + 7? Answer with a single number.<|im_end|>\n"
                            "<|im_start|>assistant\n")
     assert prompt.count("<|im_start|>assistant\nWork: ") == 3  # the three worked examples
-    assert prompt.count("\nAnswer: ") == 3 and prompt.count("\nNote: ") == 3
+    assert prompt.count("\nCheck: ") == 3 and prompt.count("\nAnswer: ") == 3 and prompt.count("\nNote: ") == 3
     assert benchmark.ANSWER_PROBE == "Answer: {answer}\n"  # answer_probe forces the format's own answer line
 
 
