@@ -6,6 +6,9 @@ difference from each control on the batches where both are defined.
         suffix_is=runs/jd/judge-suffix-is/credit_quality.parquet ... [--out FILE.json]
 
 The rredcot row of each table is named by its label; the controls and grpo come from the first.
+A label may name several tables, comma-separated (label=a.parquet,b.parquet): judges of disjoint
+prompt groups run side by side (each judge.batches=1, or more), whose batches are numbered on in
+the order given, so that they read as one judge with their batches together.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ COLUMNS = ("value_spearman", "value_spearman_inner", "value_spearman_within", "c
 CONTROLS = ("control:outcome", "control:baseline")
 
 
-def per_batch(path: str) -> dict[str, dict[int, dict]]:
+def per_batch(paths: str) -> dict[str, dict[int, dict]]:
     rows: dict[str, dict[int, dict]] = {}
-    for row in pq.read_table(path).to_pylist():
-        rows.setdefault(row["method"], {})[row["batch"]] = row
+    offset = 0
+    for path in paths.split(","):
+        table = pq.read_table(path).to_pylist()
+        for row in table:
+            rows.setdefault(row["method"], {})[offset + row["batch"]] = row
+        offset += 1 + max(row["batch"] for row in table)
     return rows
 
 

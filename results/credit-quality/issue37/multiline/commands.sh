@@ -30,8 +30,38 @@ rredcot sample run.dir=$R seed=1 $model sample.num_prompts=10 sampling.n=8
 rredcot segment run.dir=$R seed=1 $model
 python bench/headroom.py $R/sample/samples.parquet --segments $R/segment/segments.parquet \
   --out results/credit-quality/issue37/multiline/judge-traces.json
-common="run.dir=$R seed=1 $model judge.batches=5 judge.reference_k=8 judge.reruns=1"
-# the first computes the MC reference (kept in $R/mc-reference/), the others reuse it
-rredcot judge $common 'judge.methods=[grpo,rredcot]' run.tag=answer-probe   # the model's default: answer_probe
-rredcot judge $common 'judge.methods=[rredcot]' run.tag=suffix-is +judge.params.rredcot.value=suffix_is
-rredcot judge $common 'judge.methods=[rredcot]' run.tag=answer-share +judge.params.rredcot.value=answer_share
+# One `rredcot judge judge.batches=5` on runs/jd would take ~15 min per batch here (busy), and it
+# writes nothing until every batch is done; so the 5 batches (2 prompt groups each, in order, as
+# judge.batches=5 cuts them) run as 5 judges side by side, each on a copy of its 2 groups (the
+# manifests' sha256 updated). MC continuations depend only on (seed, prefix), so the reference
+# values are those one judge would compute; bench/judge_compare.py numbers the batches on.
+python - <<'PY'
+import hashlib, json, os, shutil
+import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
+s = pq.read_table("runs/jd/sample/samples.parquet"); g = pq.read_table("runs/jd/segment/segments.parquet")
+prompts = list(dict.fromkeys(s.column("prompt_id").to_pylist()))
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+for b in range(5):
+    d = f"runs/jd-b{b + 1}"; shutil.rmtree(d, ignore_errors=True)
+    for stage, table, name in (("sample", s, "samples.parquet"), ("segment", g, "segments.parquet")):
+        os.makedirs(f"{d}/{stage}")
+        for f in ("config.yaml", "manifest.json", "overrides.yaml"):
+            shutil.copy(f"runs/jd/{stage}/{f}", f"{d}/{stage}/{f}")
+        pq.write_table(table.filter(pc.is_in(table.column("prompt_id"), value_set=pa.array(prompts[2 * b:2 * b + 2]))), f"{d}/{stage}/{name}")
+    m = json.load(open(f"{d}/sample/manifest.json")); m["outputs"]["samples"]["sha256"] = sha(f"{d}/sample/samples.parquet")
+    json.dump(m, open(f"{d}/sample/manifest.json", "w"), indent=2)
+    m = json.load(open(f"{d}/segment/manifest.json")); m["inputs"]["samples"].update(path=f"{d}/sample/samples.parquet", sha256=sha(f"{d}/sample/samples.parquet"))
+    m["outputs"]["segments"]["sha256"] = sha(f"{d}/segment/segments.parquet"); json.dump(m, open(f"{d}/segment/manifest.json", "w"), indent=2)
+PY
+for b in 1 2 3 4 5; do
+  common="run.dir=runs/jd-b$b seed=1 $model judge.batches=1 judge.reference_k=8 judge.reruns=1"
+  # the first computes the MC reference (kept in runs/jd-b$b/mc-reference/), the others reuse it
+  ( rredcot judge $common 'judge.methods=[grpo,rredcot]' run.tag=answer-probe   # the model's default: answer_probe
+    rredcot judge $common 'judge.methods=[rredcot]' run.tag=suffix-is +judge.params.rredcot.value=suffix_is
+    rredcot judge $common 'judge.methods=[rredcot]' run.tag=answer-share +judge.params.rredcot.value=answer_share ) &
+done
+wait
+J=results/credit-quality/issue37/multiline
+tables() { echo runs/jd-b{1..5}/judge-$1/credit_quality.parquet | tr ' ' ','; }
+python bench/judge_compare.py answer_probe=$(tables answer-probe) suffix_is=$(tables suffix-is) \
+  answer_share=$(tables answer-share) --out $J/judge_compare.json | tee $J/judge_table.md
