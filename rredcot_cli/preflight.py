@@ -227,11 +227,27 @@ def _check_critic_init(stage: str, cfg: DictConfig) -> None:
                           f"(RUN/train/checkpoints/final/critic.pt)")
 
 
+# Turn markers of chat templates; a prompt_template that holds one is already a chat transcript.
+CHAT_MARKERS = ("<|im_start|>", "<|start_header_id|>", "<start_of_turn>")
+
+
+def check_prompt_not_wrapped_twice(cfg: DictConfig) -> None:
+    """A prompt template written as a chat transcript (few-shot turns, e.g. benchmark=arith_multiline)
+    must not be wrapped in the model's chat template again: the examples would become one user turn."""
+    template = OmegaConf.select(cfg, "benchmark.prompt_template") or ""
+    marker = next((m for m in CHAT_MARKERS if m in template), None)
+    if marker is None or str(OmegaConf.select(cfg, "model.chat_template")).lower() == "false":
+        return
+    raise ConfigError(f"benchmark.prompt_template is already a chat transcript ({marker}); set "
+                      "model.chat_template=false so it is not wrapped in the model's chat template again")
+
+
 def check_benchmark(cfg: DictConfig, splits: list[str]) -> None:
     """The benchmark can be built (a known name; no path for a generated one) and, for a local
     ``benchmark.path``, the file exists and is not empty, or the folder holds every split's file."""
     # unknown names, a path for a generated benchmark: one line each
     benchmark_from_settings(OmegaConf.to_object(cfg.benchmark))
+    check_prompt_not_wrapped_twice(cfg)
     path = cfg.benchmark.path
     if path is None or cfg.benchmark.name in SYNTHETIC_BENCHMARKS:
         return

@@ -12,6 +12,8 @@ extractor       what counts as the answer
 ``boxed``       the content of the last ``\\boxed{...}`` (or last run of boxes, ``verify.boxed_answer``)
 ``last_number`` the last number written (``1,234`` -> ``1234``)
 ``regex``       the last match of ``answer_regex`` (its first group if it has one)
+``answer_line`` the first number on the first line that starts with ``Answer:`` (lines after it,
+                e.g. a free ``Note:``, cannot change the grade; ``conf/benchmark/arith_multiline.yaml``)
 ``none``        the whole completion, stripped
 ==============  ==================================================================================
 
@@ -33,7 +35,8 @@ answer, so ``last_number`` does not fall back to its last number: it takes only 
 completion marked as final (the last ``\\boxed{}``, ``####``, ``final answer is``), else nothing.
 ``truncated_last_number=True`` (``benchmark.truncated_last_number``) restores the plain last
 number. ``boxed``, ``regex`` and ``none`` read a truncated completion as any other: their match
-is already the explicit answer.
+is already the explicit answer. ``answer_line`` reads a truncated completion only from a complete
+``Answer:`` line (one the newline closed), so a number cut in half ("1" of "12") is no answer.
 """
 
 from __future__ import annotations
@@ -50,17 +53,31 @@ from rredcot_cli.plugins import load_attr
 from rredcot_cli.data import read_split
 from rredcot_cli.benchmarks.gsm8k import marked_answer
 
-EXTRACTORS = ("boxed", "last_number", "regex", "none")
+EXTRACTORS = ("boxed", "last_number", "regex", "answer_line", "none")
 VERIFIERS = ("math_verify", "exact", "numeric")  # or a user function as module:attr
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 # Forced-answer probes (RREDCoT's answer_probe) per extractor: text the extractor reads back.
-_PROBES = {"boxed": BoxedMathBenchmark.ANSWER_PROBE, "last_number": "\nThe final answer is {answer}"}
+# answer_line's probe closes the line: the newline tells "1" from a longer "12", and a segment ends
+# with its own newline, so the probe starts the next line as the format's answer line does.
+_PROBES = {"boxed": BoxedMathBenchmark.ANSWER_PROBE, "last_number": "\nThe final answer is {answer}",
+           "answer_line": "Answer: {answer}\n"}
+_ANSWER_LINE = re.compile(r"^[ \t]*Answer:(?P<rest>[^\n]*)(?P<end>\n?)", re.MULTILINE)
 
 
 def last_number(text: str) -> str | None:
     """The last number in ``text`` with thousands separators removed (``"x = 1,234."`` -> ``"1234"``)."""
     found = _NUMBER.findall(text)
     return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def answer_line_number(text: str, truncated: bool = False) -> str | None:
+    """The first number on the first ``Answer:`` line of ``text`` (None without one); with
+    ``truncated``, only from a line the newline closed (the budget may have cut the number)."""
+    line = _ANSWER_LINE.search(text)
+    if line is None or (truncated and not line.group("end")):
+        return None
+    number = _NUMBER.search(line.group("rest"))
+    return number.group(0).replace(",", "").rstrip(".") if number else None
 
 
 def _as_number(text: str) -> float | None:
@@ -155,6 +172,8 @@ class JSONLBenchmark:
                 marked = marked_answer(completion)
                 return None if marked is None else last_number(marked)
             return last_number(completion)
+        if self.extractor == "answer_line":
+            return answer_line_number(completion, truncated=truncated)
         if self.extractor == "regex":
             matches = list(self._regex.finditer(completion))
             if not matches:

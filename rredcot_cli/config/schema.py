@@ -177,7 +177,7 @@ class BenchmarkConfig:
     verify_timeout_s: float = setting(5.0, range="> 0", execution=True)
     # benchmark=jsonl (rredcot_cli/benchmarks/jsonl.py): the row fields holding the question, the
     # gold answer and a unique id (null: the row index); the prompt ({question} is replaced;
-    # null: the boxed step-by-step prompt); the answer extractor: boxed | last_number | regex |
+    # null: the boxed step-by-step prompt); the answer extractor: boxed | last_number | regex | answer_line (first "Answer:" line) |
     # none (the whole completion); answer_regex: its last match (group 1 if it has a group);
     # the verifier: math_verify | exact | numeric (|a-g| <= tolerance * max(1, |g|)) | a
     # function pkg.mod:fn(answer, gold) -> float | bool | None.
@@ -185,7 +185,7 @@ class BenchmarkConfig:
     answer_field: str = "answer"  # jsonl: the row field holding the gold answer
     id_field: Optional[str] = None  # jsonl: the row field holding a unique id; null: the row index
     prompt_template: Optional[str] = None  # jsonl: the prompt, {question} replaced; null: boxed prompt
-    extractor: str = "boxed"  # jsonl: boxed | last_number | regex | none (the whole completion)
+    extractor: str = "boxed"  # jsonl: boxed | last_number | regex | answer_line | none (the whole completion)
     answer_regex: Optional[str] = None  # jsonl, extractor=regex: its last match (group 1 if any)
     verifier: str = "math_verify"  # jsonl: math_verify | exact | numeric | pkg.mod:fn(answer, gold)
     tolerance: float = setting(1e-6, range=">= 0")  # jsonl, verifier=numeric: |a-g| <= tolerance * max(1, |g|)
