@@ -400,12 +400,21 @@ def profile_driver(args: argparse.Namespace) -> None:
     hyper = dict(updates_per_batch=1, minibatch_size=len(C), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
                  max_tokens=MAX_NEW, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0, old_from_sampler=True)
 
+    def _update_hyper(module, flat: dict):
+        """``UpdateHyper`` from the flat settings; since the loss took one settings object, its keys
+        go into ``LossSettings``."""
+        if not hasattr(module, "LossSettings"):
+            return module.UpdateHyper(**flat)
+        keys = ("clip_low", "clip_high", "loss_agg", "max_tokens", "kl_coef", "kl_estimator")
+        return module.UpdateHyper(loss=module.LossSettings(**{k: flat[k] for k in keys}),
+                                  **{k: v for k, v in flat.items() if k not in keys})
+
     def update():
         generator = torch.Generator().manual_seed(0)
         if hasattr(update_module, "UpdateBatch"):  # policy_update(model, optimizer, scheduler, batch, hyper, engine)
             return policy_update(model, optimizer, scheduler,
                                  update_module.UpdateBatch(P, C, advantages, tokenizer.pad_token_id, sampler),
-                                 update_module.UpdateHyper(**hyper),
+                                 _update_hyper(update_module, hyper),
                                  update_module.UpdateEngine(generator=generator, forward=forward, stepper=stepper))
         return policy_update(model, optimizer, scheduler, prompt_ids=P, completion_ids=C, advantages=advantages,
                              pad_id=tokenizer.pad_token_id, reference=None, generator=generator, forward=forward,

@@ -117,6 +117,14 @@ class DataParallel:
         largest = -(-count // self.world_size)
         return -(-largest // max(1, per_pass)) if count else 0
 
+    def micro_passes(self, rows: Sequence[int], cut: Callable[[list[int]], list[list[int]]]) -> list[list[int]]:
+        """This rank's share of ``rows`` cut into micro-batches by ``cut``, then empty passes so
+        that every rank makes as many as the rank with the most: sharded weights and the gradient
+        sync need every rank in every pass (an empty one runs a stand-in row at zero weight)."""
+        shares = [cut(share) for share in split_evenly(rows, self.world_size)]
+        mine = shares[self.rank]
+        return mine + [[] for _ in range(max(map(len, shares), default=0) - len(mine))]
+
     def map_chunks(self, fn: Callable[[int, Any], list], chunks: Sequence) -> list[list]:
         """``[fn(i, chunk) for i, chunk in enumerate(chunks)]``, chunk i computed by rank
         ``i mod W`` and every result shared with every rank, in chunk order (without

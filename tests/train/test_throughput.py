@@ -102,7 +102,8 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
     probes = _duplicated_probes(traces)
     stats = {}
     if scorer == "packed":
-        scored = packed_probe_logprobs(small_model, traces, probes, max_row_tokens=40, rows_per_forward=2, stats=stats)
+        scored = packed_probe_logprobs(small_model, traces, probes, max_row_tokens=40, rows_per_forward=2,
+                                       stats=stats)
     else:
         scored = cached_probe_logprobs(small_model, traces, probes, traces_per_forward=2, row_tokens=12,
                                        max_probe_tokens=30, stats=stats)
@@ -149,6 +150,7 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
 
     from rredcot_cli.policy.models import build_char_tokenizer
     from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.loss import LossSettings
 
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -165,9 +167,10 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
         sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
     stats = policy_update(
         model, opt, sched,
-        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0, sampler_logprobs=sampler),
-        UpdateHyper(updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                    max_tokens=12, old_from_sampler=old_from_sampler),
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0,
+                    sampler_logprobs=sampler),
+        UpdateHyper(updates_per_batch=updates, minibatch_size=4, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12), old_from_sampler=old_from_sampler),
         UpdateEngine(generator=torch.Generator().manual_seed(0),
                      forward=ForwardPass(chunk_tokens=5, micro_batch_tokens=micro_tokens)))
     return stats
@@ -222,7 +225,8 @@ def test_old_logprobs_auto_reuses_the_sampler_only_where_it_is_the_trained_model
     assert not old_from_sampler("auto", "vllm", "fp32", "none")
     assert not old_from_sampler("auto", "hf", "bf16-mixed", "none")
     assert not old_from_sampler("auto", "hf", "fp32", "token_truncate")
-    assert old_from_sampler("sampler", "vllm", "fp32", "none") and not old_from_sampler("recompute", "hf", "fp32", "none")
+    assert old_from_sampler("sampler", "vllm", "fp32", "none") and not old_from_sampler("recompute", "hf", "fp32",
+                            "none")
     with pytest.raises(ValueError, match="use recompute"):
         old_from_sampler("sampler", "hf", "fp32", "token_mask")
 
