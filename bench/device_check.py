@@ -309,7 +309,8 @@ def check_memory(device: str, quick: bool) -> dict:
 
     from rredcot_cli.train import trainable
     from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     if device != "cuda" and not quick:

@@ -265,7 +265,8 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
 
     from rredcot_cli.train import trainable
     from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point

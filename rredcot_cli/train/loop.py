@@ -64,8 +64,9 @@ from rredcot_cli.pipeline import (attribute, completion_entropies, credit_batch,
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.train.checkpoint import TrainState
 from rredcot_cli.train.critic import build_critic
-from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats,
-                                auto_micro_batch_tokens, lr_lambda, policy_update)
+from rredcot_cli.train.update import (UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats, auto_micro_batch_tokens,
+                                      lr_lambda, policy_update)
+from rredcot_cli.policy.logprobs import ForwardPass
 
 if TYPE_CHECKING:
     from rredcot_cli.config.schema import CriticConfig, SamplingConfig, SegmentConfig, TrainConfig

@@ -3,23 +3,23 @@
 Kept apart from the training stage so the stage reads as sample -> segment -> attribute ->
 update, and so tests can drive an update on hand-made tensors. How the model is run (the
 sampling distribution the log-probs are taken under, autocast, chunked LM head, micro-batches)
-is one ``ForwardPass``; how a gradient becomes a step (loss scaling, clipping, skipping
-non-finite steps) is a ``precision.GradientStepper``.
+is one ``ForwardPass`` (``policy/logprobs.py``, where every completion is scored); how a
+gradient becomes a step (loss scaling, clipping, skipping non-finite steps) is a
+``precision.GradientStepper``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, ContextManager
+from typing import Callable
 
 import torch
 
 from rredcot_cli.train.batching import advantage_signs, minibatch_rows
-from rredcot_cli.train.distributed import DataParallel, is_logprob_root, split_evenly
-from rredcot_cli.policy.logprobs import completion_logprobs
+from rredcot_cli.train.distributed import DataParallel
+from rredcot_cli.policy.logprobs import ForwardPass, chunked_completion_logprobs, micro_batches
 from rredcot_cli.train.loss import LossSettings, LossStats, loss_normalizer, policy_loss, sampler_correction_weights
 from rredcot_cli.train.mismatch import MismatchStats, MismatchSums, mismatch_stats, mismatch_sums
 from rredcot_cli.train.precision import GradientStepper, Precision, StepResult
@@ -43,39 +43,6 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-@dataclass(frozen=True)
-class ForwardPass:
-    """How the trained model is run over completions.
-
-    ``temperature``/``top_p``: the sampling distribution, so log-probs (old, new, reference) are
-    those of the distribution the completions were drawn from. ``chunk_tokens``: LM-head chunk
-    (``logprobs.completion_logprobs``; 0 = one pass). ``micro_batch_size``: rows per forward and
-    backward, gradients accumulated over a minibatch (0 = the whole minibatch at once).
-    ``micro_batch_tokens``: also at most this many padded positions per forward (0 = no limit);
-    with it, rows are sorted by length before they are cut into micro-batches (``micro_batches``),
-    so each pass pads to rows of similar length. ``autocast``: the precision context
-    (``Precision.autocast``)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    chunk_tokens: int = 0
-    micro_batch_size: int = 0
-    micro_batch_tokens: int = 0
-    autocast: Callable[[], ContextManager] = field(default=nullcontext)
-
-    def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
-        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's
-        device. ``model`` is an HF model or a data-parallel ``CompletionLogprobs`` root
-        (``distributed.py``), which is called so that its hooks run."""
-        score = model if is_logprob_root(model) else functools.partial(completion_logprobs, model)
-        with self.autocast():
-            return score(prompt_ids, completion_ids, pad_id, with_entropy,
-                         temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
-
-    def rows_per_pass(self, minibatch_size: int) -> int:
-        return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
 
 
 OLD_LOGPROBS = ("auto", "recompute", "sampler")
@@ -110,31 +77,6 @@ def auto_micro_batch_tokens(value: int, device: str, world_size: int = 1) -> int
     return 1024 if str(device).startswith("cpu") and world_size == 1 else 0
 
 
-def micro_batches(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]], max_rows: int,
-                  max_tokens: int = 0) -> list[list[int]]:
-    """``rows`` cut into micro-batches of at most ``max_rows`` rows; gradients accumulated over
-    them sum to those of one pass over ``rows``. Without ``max_tokens``, consecutive runs of
-    ``rows`` in their order. With ``max_tokens`` > 0, ``rows`` sorted by length (prompt +
-    completion) and cut so that no micro-batch exceeds that many padded positions (rows x (longest
-    prompt + longest completion); a longer single row is a micro-batch alone): rows of similar
-    length share a forward, so little of it is padding."""
-    if max_tokens <= 0:
-        step = max(1, max_rows)
-        return [list(rows[k : k + step]) for k in range(0, len(rows), step)]
-    order = sorted(rows, key=lambda i: (len(prompt_ids[i]) + len(completion_ids[i]), i))
-    out: list[list[int]] = []
-    width_p = width_c = 0
-    for i in order:
-        p, c = max(width_p, len(prompt_ids[i])), max(width_c, len(completion_ids[i]))
-        if out and len(out[-1]) < max(1, max_rows) and len(out[-1]) * (p + c) + p + c <= max_tokens:
-            out[-1].append(i)
-            width_p, width_c = p, c
-        else:
-            out.append([i])
-            width_p, width_c = len(prompt_ids[i]), len(completion_ids[i])
-    return out
-
-
 @dataclass
 class UpdateStats:
     loss: float
@@ -155,45 +97,6 @@ class UpdateStats:
     # pre-update pass, or from the first minibatch's forwards when the sampler's log-probs stand
     # in for it; NaN (0 tokens) where no forward ran.
     mismatch: MismatchStats = field(default_factory=MismatchStats)
-
-
-def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool,
-                               forward: ForwardPass = ForwardPass()):
-    """(B, T) log-probs, mask and entropies (or None) of the completion tokens, T = longest
-    completion, on the model's device."""
-    return forward.logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy)
-
-
-@torch.no_grad()
-def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size,
-                                forward: ForwardPass = ForwardPass(), parallel: DataParallel = DataParallel()):
-    """Like ``padded_completion_logprobs`` without gradients, ``chunk_size`` sequences at a time
-    so a large batch does not hold every sequence's activations at once. CPU float32 tensors.
-
-    With ``parallel`` each rank scores its share of the rows, making as many passes as every
-    other rank (sharded weights need all ranks in every pass), and the results are all-gathered."""
-    B = len(completion_ids)
-    T = max((len(c) for c in completion_ids), default=0)
-    shares = [micro_batches(share, prompt_ids, completion_ids, chunk_size, forward.micro_batch_tokens)
-              for share in split_evenly(range(B), parallel.world_size)]
-    first = sum(len(share) for share in split_evenly(range(B), parallel.world_size)[: parallel.rank])
-    mine = shares[parallel.rank]
-    count = sum(len(chunk) for chunk in mine)
-    logprobs = torch.zeros(count, T)
-    mask = torch.zeros(count, T, dtype=torch.bool)
-    entropies = torch.zeros(count, T)
-    for k in range(max((len(s) for s in shares), default=0)):
-        chunk = mine[k] if k < len(mine) else []
-        picked = chunk or [0]  # a rank out of rows still takes part in the pass
-        lp, m, ent = forward.logprobs(model, [prompt_ids[i] for i in picked], [completion_ids[i] for i in picked],
-                                      pad_id, True)
-        if not chunk:
-            continue
-        t, at = lp.shape[1], torch.tensor(chunk) - first  # positions in this rank's share
-        logprobs[at, :t] = lp.float().cpu()
-        mask[at, :t] = m.cpu()
-        entropies[at, :t] = ent.float().cpu()
-    return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)
 
 
 @dataclass(frozen=True)

@@ -621,7 +621,8 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
     from rredcot_cli.train import trainable
     from rredcot_cli.policy.hf import HFBackend
     from rredcot_cli.train.precision import GradientStepper, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     hf, vb = engine

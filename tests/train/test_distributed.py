@@ -111,7 +111,8 @@ def _model():
 def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: int = 8):
     """One policy update of the 8-row batch, two passes over it (mu = 2) in minibatches of
     ``minibatch_size``; returns its stats and the model's weights after it."""
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     prompts, completions, advantages = _batch()
@@ -132,12 +133,12 @@ def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: i
 def _naive_gradient_gap(rank: int) -> float:
     """Max |gradient difference| between the one-process token-mean gradient of the batch and
     DDP over per-rank token means (each rank dividing by its own count)."""
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings, policy_loss
-    from rredcot_cli.train.update import padded_completion_logprobs
 
     prompts, completions, advantages = _batch()
     reference = _model()
-    lp, mask, _ = padded_completion_logprobs(reference, prompts, completions, 0, False)
+    lp, mask, _ = ForwardPass().logprobs(reference, prompts, completions, 0, False)
     loss, _ = policy_loss(lp, lp.detach(), advantages, mask, LossSettings(clip_low=0.2, clip_high=0.2,
                           loss_agg="token-mean"))
     loss.backward()

@@ -17,7 +17,8 @@ from rredcot_cli.policy.logprobs import completion_logprobs  # noqa: E402
 from rredcot_cli.policy.models import load_model_and_tokenizer  # noqa: E402
 from rredcot_cli.train.precision import GradientStepper, resolve_precision  # noqa: E402
 from rredcot_cli.train.loss import LossSettings  # noqa: E402
-from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
+from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
+from rredcot_cli.policy.logprobs import ForwardPass  # noqa: E402
 from rredcot_cli.policy.weights import hf_weights  # noqa: E402
 from tests.test_smoke import rredcot  # noqa: E402  (the CLI in a subprocess)
 

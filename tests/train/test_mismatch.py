@@ -172,7 +172,8 @@ def test_geometric_mask_with_a_cap_not_above_one_is_refused_before_the_run(tmp_p
 
 def _update(model, *, sampler, old_from_sampler, minibatch_size=6, advantages=None, cap=2.0, correction="none"):
     from rredcot_cli.policy.models import build_char_tokenizer
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     tok = build_char_tokenizer()
@@ -200,7 +201,7 @@ def _shifted(shift):
     """The sampler's log-probs: the model's own, teacher-forced, minus ``shift`` on every token
     (so delta = +shift everywhere)."""
     def sampler(model, prompts, completions):
-        from rredcot_cli.train.update import chunked_completion_logprobs
+        from rredcot_cli.policy.logprobs import chunked_completion_logprobs
 
         lp, mask, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
         return (lp - shift) * mask

@@ -15,7 +15,8 @@ from rredcot_cli.train import trainable
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 from rredcot_cli.train.precision import GradientStepper, resolve_precision
 from rredcot_cli.train.loss import LossSettings
-from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.policy.logprobs import ForwardPass
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]

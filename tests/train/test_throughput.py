@@ -126,7 +126,7 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
 
 
 def test_micro_batches_sort_by_length_and_keep_the_budget():
-    from rredcot_cli.train.update import micro_batches
+    from rredcot_cli.policy.logprobs import micro_batches
 
     prompts = [[1] * n for n in (3, 5, 4, 2, 6, 3, 4)]
     completions = [[2] * n for n in (10, 2, 7, 30, 1, 5, 9)]
@@ -149,7 +149,8 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     import torch
 
     from rredcot_cli.policy.models import build_char_tokenizer
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
     from rredcot_cli.train.loss import LossSettings
 
     tok = build_char_tokenizer()
@@ -162,7 +163,7 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     if sampler == "teacher-forced":
-        from rredcot_cli.train.update import chunked_completion_logprobs
+        from rredcot_cli.policy.logprobs import chunked_completion_logprobs
 
         sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
     stats = policy_update(
