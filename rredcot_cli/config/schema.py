@@ -102,23 +102,6 @@ class ModelConfig:
     value_estimator: str = "answer_probe"
 
 
-# Settings that change no artifact of a stage that hashes their group, so config hashes and the
-# inputs' provenance check leave them out: model.value_estimator only chooses RREDCoT's default
-# estimator, which reaches a stage through method.value (hashed where a method runs). Leaving it out
-# also keeps every hash from before it existed, so older samples still feed today's stages.
-UNHASHED = ("model.value_estimator",)
-
-
-def without_unhashed(data: dict) -> dict:
-    """A copy of the plain config ``data`` (nested dicts) without the ``UNHASHED`` leaves."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for dotted in UNHASHED:
-        group, key = dotted.split(".", 1)
-        if isinstance(out.get(group), dict):
-            out[group].pop(key, None)
-    return out
-
-
 @dataclass
 class BackendConfig:
     # What samples completions: hf (transformers, a compacting decode loop) | vllm (rredcot_cli/policy/vllm.py).
