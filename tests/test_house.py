@@ -6,8 +6,9 @@
 - no import circle among rredcot_cli's modules at module level;
 - only the CLI and the stages themselves import ``rredcot_cli.stages`` (the wings below them take
   objects and settings, not the config);
-- the wings stand in one order (``WING_ORDER``): every import, inside a function or not, runs
-  down it, so no two wings import each other, directly or round a circle;
+- the wings stand in one order (``WING_ORDER``): every import that runs, inside a function or
+  not, runs down it, so no two wings import each other, directly or round a circle (annotations
+  under ``TYPE_CHECKING`` may name the typed settings of ``config/schema.py`` the stages hand down);
 - store/ and config/ (and the report stage) import no torch.
 """
 
@@ -202,13 +203,16 @@ def _room(module: str) -> str:
 
 
 def wing_arrows() -> dict[tuple[str, str], list[str]]:
-    """(importing room, imported room) -> where, for every import of one room by another (at module
-    level, inside functions and under TYPE_CHECKING alike; the package root, which only holds the
+    """(importing room, imported room) -> where, for every import of one room by another that runs
+    (at module level and inside functions; not the annotations under TYPE_CHECKING, which name the
+    config schema's typed settings a stage hands down; the package root, which only holds the
     version, left out)."""
     known = _modules()
     arrows: dict[tuple[str, str], list[str]] = {}
     for name, path in known.items():
-        for node, _, _ in _imports(ast.parse(path.read_text())):
+        for node, _, type_only in _imports(ast.parse(path.read_text())):
+            if type_only:
+                continue
             for target in _imported_modules(node, name, path.name == "__init__.py", known):
                 pair = (_room(name), _room(target))
                 if pair[1] and pair[0] != pair[1]:

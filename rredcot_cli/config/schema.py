@@ -17,6 +17,7 @@ declares (see ``rredcot_cli.methods``), because every credit method has its own 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -230,6 +231,19 @@ class SampleConfig:
     split: str = "test"
     # Prompts `rredcot sample` draws (the first of the split), sampling.n completions each.
     num_prompts: int = setting(32, range=">= 1; nothing to sample otherwise")
+
+
+def signal_number(name: str) -> signal.Signals:
+    """``"SIGUSR1"`` / ``"USR1"`` / ``"10"`` -> the signal; ValueError naming the valid ones. How
+    ``train.preempt_signals`` reads, for the compose-time check (``ranges.py``) and the handlers
+    (``train/preemption.py``)."""
+    text = str(name).strip().upper()
+    try:
+        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG")
+                                                                             else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ValueError(f"train.preempt_signals: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, "
+                         "SIGUSR2, SIGINT") from None
 
 
 @dataclass
