@@ -207,7 +207,8 @@ def check_train(device: str, quick: bool) -> dict:
                 "seconds": round(seconds, 1),
                 "steps": [{k: m[k] for k in ("step", "reward_mean", "loss", "sampler_kl", "grad_norm", "seconds",
                                               "response_tokens_mean")} for m in metrics],
-                "trainer_peak_reserved_gib": None if not peak or peak[0] == "None" else round(int(peak[0]) / 2**30, 2),
+                "trainer_peak_reserved_gib": None if not peak or peak[0] == "None" else round(int(peak[0]) / 2**30,
+                                                                                              2),
                 "overrides": common + extra,
             }
     return report
@@ -237,7 +238,8 @@ def check_colocated(device: str, quick: bool) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             run = Path(tmp) / "run"
             started = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node=2",
                                    "-m", "rredcot_cli", "train", f"run.dir={run}", *common, *extra],
                                   cwd=tmp, capture_output=True, text=True, timeout=900,
                                   env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
@@ -307,11 +309,14 @@ def check_memory(device: str, quick: bool) -> dict:
 
     from rredcot_cli.train import trainable
     from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     if device != "cuda" and not quick:
         return {"skipped": "needs CUDA (CPU memory is what bench/memory.py measures)"}
-    config = AutoConfig.from_pretrained(QWEN_05B, **({"num_hidden_layers": 2, "max_window_layers": 2, "layer_types": ["full_attention"] * 2}
+    config = AutoConfig.from_pretrained(QWEN_05B, **({"num_hidden_layers": 2, "max_window_layers": 2,
+                                        "layer_types": ["full_attention"] * 2}
                                                       if quick else {}))
     seq, rows = (64, 2) if quick else (1024, 4)
     precision = resolve_precision("bf16-mixed", "bfloat16")
@@ -332,8 +337,8 @@ def check_memory(device: str, quick: bool) -> dict:
     policy_update(
         model, optimizer, scheduler,
         UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
-        UpdateHyper(updates_per_batch=1, minibatch_size=rows, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                    max_tokens=seq),
+        UpdateHyper(updates_per_batch=1, minibatch_size=rows, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=seq)),
         UpdateEngine(generator=generator, forward=forward, stepper=GradientStepper(precision, device)))
     report = {"model": "random-init Qwen2.5-0.5B" + (" (2 layers, --quick)" if quick else ""), "tokens": seq,
               "rows": rows, "micro_batch_size": 1, "options": "bf16-mixed + gradient checkpointing + chunk 1024",

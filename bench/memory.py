@@ -265,7 +265,9 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
 
     from rredcot_cli.train import trainable
     from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point
 
@@ -322,8 +324,8 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
         return policy_update(
             model, optimizer, scheduler,
             UpdateBatch(prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages, pad_id=PAD_ID),
-            UpdateHyper(updates_per_batch=1, minibatch_size=point.rows, clip_low=0.2, clip_high=0.2,
-                        loss_agg="token-mean", max_tokens=completion),
+            UpdateHyper(updates_per_batch=1, minibatch_size=point.rows, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                        loss_agg="token-mean", max_tokens=completion)),
             UpdateEngine(generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper))
 
     for i in range(point.updates - 1):  # earlier updates of a run, not measured
@@ -397,7 +399,8 @@ def run_point(point: Point, cap_bytes: int, timeout_s: float) -> dict:
         result = Path(f.name)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(dataclasses.asdict(point)),
            "--child-result", str(result), "--cap-bytes", str(cap_bytes)]
-    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                     os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)
     deadline = started + timeout_s
@@ -505,7 +508,8 @@ class Arch:
     def linear_shapes(self) -> list[tuple[int, int, bool]]:
         """(in, out, bias) of each Linear of one decoder layer."""
         H, q, kv, I = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return [(H, q, True), (H, kv, True), (H, kv, True), (q, H, False), (H, I, False), (H, I, False), (I, H, False)]
+        return [(H, q, True), (H, kv, True), (H, kv, True), (q, H, False), (H, I, False), (H, I, False), (I, H,
+                 False)]
 
     def counts(self, layers: int, lora_r: int = 0) -> dict:
         linear = sum(i * o + (o if b else 0) for i, o, b in self.linear_shapes())
@@ -539,7 +543,8 @@ def state_bytes(model: str, layers: int, options: str) -> dict:
 def _variant(p: dict) -> str:
     """'' for a default point; else what makes it a variant (foreach, fused, update2). Points
     re-used from the measurement before 1aa4279 carry ``steady: false`` and none of the new fields."""
-    return "/".join(filter(None, ["foreach" if p.get("adamw_foreach") else "", "fused" if p.get("adamw_fused") else "",
+    return "/".join(filter(None, ["foreach" if p.get("adamw_foreach") else "",
+                    "fused" if p.get("adamw_fused") else "",
                                   f"update{p['updates']}" if p.get("updates", 1) > 1 else "",
                                   "steady" if p.get("steady") else ""]))
 
@@ -858,7 +863,8 @@ def derive(path: Path) -> dict:
                             "engine_weights": 2 * n_total, "engine_kv": kv, "engine_awake": awake,
                             "need_sleep_mode": need_sleep, "need_no_sleep": need_awake,
                             "what_if_foreach_adamw": {"trainer_peak": peak_fe, "need_sleep_mode": need_fe,
-                                                      "fits": {g: _verdict(need_fe, c) for g, c in ACCELERATORS.items()}},
+                                                      "fits": {g: _verdict(need_fe, c) for g,
+                                                                           c in ACCELERATORS.items()}},
                             "fits_sleep_mode": {g: _verdict(need_sleep, c) for g, c in ACCELERATORS.items()},
                             "fits_no_sleep": {g: _verdict(need_awake, c) for g, c in ACCELERATORS.items()}})
     out["gpu"] = gpu
@@ -950,7 +956,8 @@ def report(d: dict) -> str:
                      f"{_phase_cell(r)} | {_g(r['trainer_peak'])} | "
                      f"{_g(r['engine_awake'])} ({_g(r['engine_weights'])} + {_g(r['engine_kv'])} + "
                      f"{_g(ENGINE_WORKSPACE)}) | {_g(r['need_sleep_mode'])} | {_g(r['need_no_sleep'])} |")
-    for regime, key in (("vLLM sleep mode (the CUDA default)", "fits_sleep_mode"), ("no sleep mode", "fits_no_sleep")):
+    for regime, key in (("vLLM sleep mode (the CUDA default)", "fits_sleep_mode"), ("no sleep mode",
+                        "fits_no_sleep")):
         lines += ["", f"### Fits on one GPU, {regime}", "",
                   "| model | tokens | training | " + " | ".join(f"{g} ({ACCELERATOR_CARDS[g]})" for g in ACCELERATORS) + " |",
                   "| --- | ---: | --- |" + " :---: |" * len(ACCELERATORS)]
@@ -978,11 +985,14 @@ def main(argv: list[str] | None = None) -> None:
                    f"  {k:13} {v.precision:10} ckpt={'on ' if v.gradient_checkpointing else 'off'} "
                    f"chunk={v.logprob_chunk_tokens:<5} micro={v.micro_batch_size} lora_r={v.lora_r}"
                    for k, v in OPTION_SETS.items()))
-    parser.add_argument("--quick", action="store_true", help="one small point (0.5B, 1 layer, 256 tokens): a smoke check under a minute")
+    parser.add_argument("--quick", action="store_true",
+                        help="one small point (0.5B, 1 layer, 256 tokens): a smoke check under a minute")
     parser.add_argument("--plan", choices=["full", "quick"], help="a named set of points (see plan())")
-    parser.add_argument("--models", help=f"comma-separated, from {', '.join(MODELS)} (with --lengths/--options/--layers)")
+    parser.add_argument("--models",
+                        help=f"comma-separated, from {', '.join(MODELS)} (with --lengths/--options/--layers)")
     parser.add_argument("--lengths", default="1024", help="comma-separated prompt+completion lengths (default 1024)")
-    parser.add_argument("--options", default="baseline,all", help=f"comma-separated option sets, from {', '.join(OPTION_SETS)}")
+    parser.add_argument("--options", default="baseline,all",
+                        help=f"comma-separated option sets, from {', '.join(OPTION_SETS)}")
     parser.add_argument("--layers", default="2", help="comma-separated decoder depths; 0 = the config's own")
     parser.add_argument("--rows", type=int, default=2, help="minibatch rows (default 2)")
     parser.add_argument("--adamw-foreach", action="store_true",

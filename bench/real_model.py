@@ -24,7 +24,7 @@ CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for 
    plus 2 x (the same) for the old-log-prob pass when it ran (``seconds_old_logprobs`` > 0; with
    ``train.old_logprobs=auto`` the HF backend in fp32 skips it). *positions* are the real ones
    (prompt + completion - 1 per row: the limit); the padded positions the code runs
-   (``update.micro_batches`` with ``train.micro_batch_tokens``' 1,024) and the head's recompute
+   (``policy.logprobs.micro_batches`` with ``train.micro_batch_tokens``' 1,024) and the head's recompute
    under its per-chunk checkpoint (8 instead of 6) are reported as *executed* FLOPs beside them,
    with causal attention (not in the bound). The bound in seconds divides the body's FLOPs by
    torch.mm's fp32 rate on (2048 x 576) @ (576 x 1536) and the head's by its rate on
@@ -175,7 +175,7 @@ def _max_rss(stderr: str) -> int | None:
 
 def step_work(step_dir: Path, shapes: dict, old_pass: bool) -> dict:
     """One saved step's token counts and the update's FLOPs (limit and executed)."""
-    from rredcot_cli.train.update import micro_batches
+    from rredcot_cli.policy.logprobs import micro_batches
 
     samples = _rows(step_dir / "sample" / "samples.parquet")
     adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
@@ -338,7 +338,8 @@ def profile_driver(args: argparse.Namespace) -> None:
     from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
     from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
     from rredcot_cli.train import update as update_module
-    from rredcot_cli.train.update import ForwardPass, lr_lambda, policy_update
+    from rredcot_cli.train.update import lr_lambda, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
 
     torch.set_num_threads(1)
     rec: dict = {"rss_imports": _proc_status("VmRSS")}
@@ -400,12 +401,21 @@ def profile_driver(args: argparse.Namespace) -> None:
     hyper = dict(updates_per_batch=1, minibatch_size=len(C), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
                  max_tokens=MAX_NEW, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0, old_from_sampler=True)
 
+    def _update_hyper(module, flat: dict):
+        """``UpdateHyper`` from the flat settings; since the loss took one settings object, its keys
+        go into ``LossSettings``."""
+        if not hasattr(module, "LossSettings"):
+            return module.UpdateHyper(**flat)
+        keys = ("clip_low", "clip_high", "loss_agg", "max_tokens", "kl_coef", "kl_estimator")
+        return module.UpdateHyper(loss=module.LossSettings(**{k: flat[k] for k in keys}),
+                                  **{k: v for k, v in flat.items() if k not in keys})
+
     def update():
         generator = torch.Generator().manual_seed(0)
         if hasattr(update_module, "UpdateBatch"):  # policy_update(model, optimizer, scheduler, batch, hyper, engine)
             return policy_update(model, optimizer, scheduler,
                                  update_module.UpdateBatch(P, C, advantages, tokenizer.pad_token_id, sampler),
-                                 update_module.UpdateHyper(**hyper),
+                                 _update_hyper(update_module, hyper),
                                  update_module.UpdateEngine(generator=generator, forward=forward, stepper=stepper))
         return policy_update(model, optimizer, scheduler, prompt_ids=P, completion_ids=C, advantages=advantages,
                              pad_id=tokenizer.pad_token_id, reference=None, generator=generator, forward=forward,

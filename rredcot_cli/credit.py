@@ -28,9 +28,8 @@ from rredcot_cli.methods import MethodSpec, get_method
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.policy.hf import HFBackend
 from rredcot_cli.policy.load import Policy
-from rredcot_cli.policy.logprobs import head_chunk_rows
+from rredcot_cli.policy.logprobs import ForwardPass, chunked_completion_logprobs, head_chunk_rows
 from rredcot_cli.segmenters import Spans, get_segmenter, needs_entropy
-from rredcot_cli.train.update import ForwardPass, chunked_completion_logprobs
 
 __all__ = ["CreditResult", "compute_credit", "credit_statistics", "policy_from_model", "method_defaults", "method_parameters",
            "segment_completion", "pack_credit_batch", "run_method", "completion_entropies", "token_texts"]

@@ -279,7 +279,7 @@ def _nan_gradient_loss(logprobs, *args, **kwargs):
 @pytest.mark.parametrize("kind", ["nan loss", "inf loss", "nan gradient"])
 def test_non_finite_updates_are_skipped_and_leave_the_weights(tiny, monkeypatch, kind):
     from rredcot_cli.train import update
-    from rredcot_cli.train.loss import policy_loss
+    from rredcot_cli.train.loss import LossSettings, policy_loss
 
     model, tokenizer = tiny
 
@@ -299,8 +299,8 @@ def test_non_finite_updates_are_skipped_and_leave_the_weights(tiny, monkeypatch,
             prompt_ids=[[5, 6, 7]] * 4, completion_ids=[[8, 9], [10, 11, 12], [8], [9, 9]],
             advantages=torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0], [1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]),
             pad_id=tokenizer.pad_token_id),
-        update.UpdateHyper(updates_per_batch=2, minibatch_size=2, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                           max_tokens=3),
+        update.UpdateHyper(updates_per_batch=2, minibatch_size=2, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                           loss_agg="token-mean", max_tokens=3)),
         update.UpdateEngine(generator=torch.Generator().manual_seed(0)))
     assert (stats.skipped, stats.updates, stats.trailing_skipped) == (4, 0, 4)
     assert math.isnan(stats.loss)

@@ -6,6 +6,9 @@
 - no import circle among rredcot_cli's modules at module level;
 - only the CLI and the stages themselves import ``rredcot_cli.stages`` (the wings below them take
   objects and settings, not the config);
+- the wings stand in one order (``WING_ORDER``): every import that runs, inside a function or
+  not, runs down it, so no two wings import each other, directly or round a circle (annotations
+  under ``TYPE_CHECKING`` may name the typed settings of ``config/schema.py`` the stages hand down);
 - store/ and config/ (and the report stage) import no torch.
 """
 
@@ -167,3 +170,83 @@ def test_store_config_and_report_import_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+
+# The package's rooms (its subpackages and top-level modules) in tiers, bottom first. A room
+# imports rooms of lower tiers only; the one wing of two rooms, credit methods and the value
+# estimators they use, imports itself both ways (values take the methods' contract, CreditBatch;
+# the methods call the estimators). A new room needs a tier here; an import that runs up the
+# order is a loop between wings (issue 40: store -> config.compose.config_hash while config imported
+# the store; pipeline -> train.update.ForwardPass while the train loop imported the pipeline).
+WING_ORDER = (
+    ("errors", "console", "docstrings", "metrics", "rng", "segmenters"),  # import nothing of the package
+    ("data", "plugins"),
+    ("store", "policy", "benchmarks"),  # the run store (no torch); the models and backends; the tasks
+    ("methods", "values"),
+    ("config",),  # checks method and benchmark options against their registries; reads the store's artifacts
+    ("credit",),
+    ("pipeline",),
+    ("train",),
+    ("integrations", "preflight", "report", "catalog"),
+    ("stages",),
+    ("cli",),
+    ("__main__",),
+)
+ONE_WING = {"methods": "values", "values": "methods"}
+
+
+def _room(module: str) -> str:
+    """The top-level room of a module: ``rredcot_cli.train.update`` -> ``train``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def wing_arrows() -> dict[tuple[str, str], list[str]]:
+    """(importing room, imported room) -> where, for every import of one room by another that runs
+    (at module level and inside functions; not the annotations under TYPE_CHECKING, which name the
+    config schema's typed settings a stage hands down; the package root, which only holds the
+    version, left out)."""
+    known = _modules()
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for name, path in known.items():
+        for node, _, type_only in _imports(ast.parse(path.read_text())):
+            if type_only:
+                continue
+            for target in _imported_modules(node, name, path.name == "__init__.py", known):
+                pair = (_room(name), _room(target))
+                if pair[1] and pair[0] != pair[1]:
+                    arrows.setdefault(pair, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return arrows
+
+
+def _runs_up(arrows: dict[tuple[str, str], list[str]], order=WING_ORDER) -> list[str]:
+    tier = {room: k for k, rooms in enumerate(order) for room in rooms}
+    return [f"{a} -> {b} ({', '.join(sorted(set(where)))})" for (a, b), where in sorted(arrows.items())
+            if ONE_WING.get(a) != b and tier[b] >= tier[a]]
+
+
+def test_every_room_has_a_tier_in_the_wing_order():
+    rooms = {_room(name) for name in _modules()} - {""}
+    listed = [room for rooms_ in WING_ORDER for room in rooms_]
+    assert len(listed) == len(set(listed))
+    assert rooms == set(listed), f"rooms without a tier in WING_ORDER: {sorted(rooms - set(listed))}; gone: " \
+                                 f"{sorted(set(listed) - rooms)}"
+
+
+def test_imports_run_down_the_wing_order():
+    arrows = wing_arrows()
+    assert len(arrows) > 50  # the arrows were read
+    up = _runs_up(arrows)
+    assert not up, ("imports that run up the wing order (tests/test_house.py WING_ORDER): hand the lower wing "
+                    "what it needs, or move the code down to where it is used:\n" + "\n".join(up))
+    graph: dict[str, set[str]] = {}
+    for a, b in arrows:
+        graph.setdefault(a, set()).add(b)
+    assert _cycles(graph) == [["methods", "values"]]  # the one wing of two rooms, and no other circle
+
+
+def test_the_wing_order_rule_finds_an_arrow_running_up():
+    arrows = {("store", "config"): ["rredcot_cli/store/runs.py:43"], ("config", "store"): ["compose.py:156"],
+              ("values", "methods"): ["values/registry.py:23"]}
+    assert _runs_up(arrows) == ["store -> config (rredcot_cli/store/runs.py:43)"]

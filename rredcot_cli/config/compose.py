@@ -27,7 +27,6 @@ use them (each such import is marked "deferred").
 
 from __future__ import annotations
 
-import hashlib
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -36,7 +35,6 @@ from datetime import datetime
 from rredcot_cli.config.messages import (describe_type, parse_error, schema_fields, translate, unknown_key,
                                          unknown_option, wrong_type, yaml_error)
 from rredcot_cli.config.ranges import check_ranges
-from rredcot_cli.config.schema import without_unhashed
 from rredcot_cli.config.search import CONF_DIR, CONFIG_NAME, config_file, group_options, user_config_dirs
 from rredcot_cli.errors import ConfigError, one_line
 from rredcot_cli.plugins import import_plugin, plugin_options
@@ -325,22 +323,3 @@ def compose(overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = (
     OmegaConf.set_struct(cfg, True)
     OmegaConf.set_readonly(cfg, True)
     return cfg
-
-
-def config_hash(cfg: DictConfig, keys: Sequence[str]) -> str:
-    """First 12 hex chars of the sha256 of the resolved, key-sorted YAML of ``cfg[keys]``.
-
-    Stable across processes and across the order of ``keys``; ``run`` should never be among
-    ``keys`` (``run.dir`` differs between runs).
-    """
-    # deferred: --help
-    import yaml
-    from omegaconf import OmegaConf
-
-    missing = [k for k in keys if k not in cfg]
-    if missing:
-        raise KeyError(f"config_hash: no top-level key(s) {', '.join(missing)} in the config")
-    selected = OmegaConf.masked_copy(cfg, sorted(set(keys)))
-    data = without_unhashed(OmegaConf.to_container(selected, resolve=True, enum_to_str=True))
-    text = yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]

@@ -139,8 +139,7 @@ def _check_groups(cfg: DictConfig) -> None:
     # deferred: --help
     from omegaconf import OmegaConf
 
-    from rredcot_cli.config.schema import Config
-    from rredcot_cli.train.preemption import signal_number
+    from rredcot_cli.config.schema import Config, signal_number
 
     for name, group in _schema_groups(Config()):
         for f in dataclasses.fields(group):

@@ -17,6 +17,7 @@ declares (see ``rredcot_cli.methods``), because every credit method has its own 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -100,23 +101,6 @@ class ModelConfig:
     # likelihood ratios near 0 and suffix_is has nothing to weigh; suffix_is on the embedded chain
     # tasks, where group mates write the same steps token for token (the tiny presets set it).
     value_estimator: str = "answer_probe"
-
-
-# Settings that change no artifact of a stage that hashes their group, so config hashes and the
-# inputs' provenance check leave them out: model.value_estimator only chooses RREDCoT's default
-# estimator, which reaches a stage through method.value (hashed where a method runs). Leaving it out
-# also keeps every hash from before it existed, so older samples still feed today's stages.
-UNHASHED = ("model.value_estimator",)
-
-
-def without_unhashed(data: dict) -> dict:
-    """A copy of the plain config ``data`` (nested dicts) without the ``UNHASHED`` leaves."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for dotted in UNHASHED:
-        group, key = dotted.split(".", 1)
-        if isinstance(out.get(group), dict):
-            out[group].pop(key, None)
-    return out
 
 
 @dataclass
@@ -247,6 +231,19 @@ class SampleConfig:
     split: str = "test"
     # Prompts `rredcot sample` draws (the first of the split), sampling.n completions each.
     num_prompts: int = setting(32, range=">= 1; nothing to sample otherwise")
+
+
+def signal_number(name: str) -> signal.Signals:
+    """``"SIGUSR1"`` / ``"USR1"`` / ``"10"`` -> the signal; ValueError naming the valid ones. How
+    ``train.preempt_signals`` reads, for the compose-time check (``ranges.py``) and the handlers
+    (``train/preemption.py``)."""
+    text = str(name).strip().upper()
+    try:
+        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG")
+                                                                             else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise ValueError(f"train.preempt_signals: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, "
+                         "SIGUSR2, SIGINT") from None
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rredcot_cli.policy.hf import completion_logprobs, pack_prompt_completion
+from rredcot_cli.policy.logprobs import completion_logprobs, pack_prompt_completion
 
 
 def pad_id(tokenizer) -> int:

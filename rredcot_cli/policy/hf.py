@@ -14,8 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 from rredcot_cli.policy.base import Completion, SamplingParams
 from rredcot_cli.policy import shared_prompt
 from rredcot_cli.policy.kvcache import cache_kwarg, growing_cache
-from rredcot_cli.policy.logprobs import completion_logprobs, pack_prompt_completion  # noqa: F401 (re-exported)
-from rredcot_cli.policy.logprobs import head_chunk_rows
+from rredcot_cli.policy.logprobs import completion_logprobs, head_chunk_rows
 from rredcot_cli.policy.continuations import sample_continuations
 
 

@@ -30,6 +30,11 @@ Two things matter at real-model scale and are handled here:
 
 from __future__ import annotations
 
+import functools
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Protocol, Sequence
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -242,3 +247,140 @@ def scored_positions_forward(model: torch.nn.Module, rows: torch.Tensor, cols: t
     pieces = [token_logprobs(head(hidden[start : start + chunk]), targets[start : start + chunk])[0]
               for start in range(0, hidden.shape[0], chunk)]
     return out, torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------- scoring a batch of completions
+
+class CompletionLogprobs(torch.nn.Module):
+    """``completion_logprobs`` of ``module`` as a module's forward: the root that DDP and FSDP2 wrap
+    (``train/distributed.py``), so their forward and backward hooks surround the whole pass even
+    when the LM head runs in chunks outside the HF model's own forward. The child is called
+    ``module`` so ``weights.unwrap`` sees through it."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs):
+        return completion_logprobs(self.module, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs)
+
+
+def is_logprob_root(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a ``CompletionLogprobs``, FSDP2-sharded or inside DDP."""
+    return isinstance(model, CompletionLogprobs) or isinstance(getattr(model, "module", None), CompletionLogprobs)
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """How the trained model is run over completions.
+
+    ``temperature``/``top_p``: the sampling distribution, so log-probs (old, new, reference) are
+    those of the distribution the completions were drawn from. ``chunk_tokens``: LM-head chunk
+    (``completion_logprobs``; 0 = one pass). ``micro_batch_size``: rows per forward and
+    backward, gradients accumulated over a minibatch (0 = the whole minibatch at once).
+    ``micro_batch_tokens``: also at most this many padded positions per forward (0 = no limit);
+    with it, rows are sorted by length before they are cut into micro-batches (``micro_batches``),
+    so each pass pads to rows of similar length. ``autocast``: the precision context
+    (``train.precision.Precision.autocast``)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    chunk_tokens: int = 0
+    micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
+    autocast: Callable[[], ContextManager] = field(default=nullcontext)
+
+    def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
+        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's
+        device. ``model`` is an HF model or a data-parallel ``CompletionLogprobs`` root, which is
+        called so that its hooks run."""
+        score = model if is_logprob_root(model) else functools.partial(completion_logprobs, model)
+        with self.autocast():
+            return score(prompt_ids, completion_ids, pad_id, with_entropy,
+                         temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
+
+    def rows_per_pass(self, minibatch_size: int) -> int:
+        return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
+
+
+def micro_batches(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]], max_rows: int,
+                  max_tokens: int = 0) -> list[list[int]]:
+    """``rows`` cut into micro-batches of at most ``max_rows`` rows; gradients accumulated over
+    them sum to those of one pass over ``rows``. Without ``max_tokens``, consecutive runs of
+    ``rows`` in their order. With ``max_tokens`` > 0, ``rows`` sorted by length (prompt +
+    completion) and cut so that no micro-batch exceeds that many padded positions (rows x (longest
+    prompt + longest completion); a longer single row is a micro-batch alone): rows of similar
+    length share a forward, so little of it is padding."""
+    if max_tokens <= 0:
+        step = max(1, max_rows)
+        return [list(rows[k : k + step]) for k in range(0, len(rows), step)]
+    order = sorted(rows, key=lambda i: (len(prompt_ids[i]) + len(completion_ids[i]), i))
+    out: list[list[int]] = []
+    width_p = width_c = 0
+    for i in order:
+        p, c = max(width_p, len(prompt_ids[i])), max(width_c, len(completion_ids[i]))
+        if out and len(out[-1]) < max(1, max_rows) and len(out[-1]) * (p + c) + p + c <= max_tokens:
+            out[-1].append(i)
+            width_p, width_c = p, c
+        else:
+            out.append([i])
+            width_p, width_c = len(prompt_ids[i]), len(completion_ids[i])
+    return out
+
+
+class RowSharing(Protocol):
+    """What a scoring pass needs of a data-parallel group: this rank's contiguous ``share`` of the
+    rows, its ``micro_passes`` (padded with empty ones so every rank makes as many) and the ranks'
+    results stacked (``concat_rows``). ``train.distributed.DataParallel`` is one; ``OneProcess``
+    is the group of one."""
+
+    def share(self, items: Sequence) -> list: ...
+
+    def micro_passes(self, rows: Sequence[int], cut: Callable[[list[int]], list[list[int]]]) -> list[list[int]]: ...
+
+    def concat_rows(self, part: torch.Tensor, width: int, fill: float = 0.0) -> torch.Tensor: ...
+
+
+class OneProcess:
+    """The ``RowSharing`` of a single process: every row is its own, nothing to gather."""
+
+    def share(self, items: Sequence) -> list:
+        return list(items)
+
+    def micro_passes(self, rows: Sequence[int], cut: Callable[[list[int]], list[list[int]]]) -> list[list[int]]:
+        return cut(list(rows))
+
+    def concat_rows(self, part: torch.Tensor, width: int, fill: float = 0.0) -> torch.Tensor:
+        return part
+
+
+@torch.no_grad()
+def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size,
+                                forward: ForwardPass = ForwardPass(), parallel: RowSharing = OneProcess()):
+    """``forward.logprobs`` of every row without gradients, ``chunk_size`` sequences at a time
+    (``micro_batches``, with ``forward.micro_batch_tokens``) so a large batch does not hold every
+    sequence's activations at once. (B, T) CPU float32 log-probs, bool mask and entropies.
+
+    With a data-parallel ``parallel`` (``RowSharing``) each rank scores its share of the rows,
+    making as many passes as every other rank (sharded weights need all ranks in every pass), and
+    the results are all-gathered."""
+    T = max((len(c) for c in completion_ids), default=0)
+    everything = range(len(completion_ids))
+    share = parallel.share(everything)
+    first = share[0] if share else 0  # this rank's rows are first, first + 1, ...
+    logprobs = torch.zeros(len(share), T)
+    mask = torch.zeros(len(share), T, dtype=torch.bool)
+    entropies = torch.zeros(len(share), T)
+    passes = parallel.micro_passes(everything, lambda rows: micro_batches(rows, prompt_ids, completion_ids, chunk_size,
+                                                                        forward.micro_batch_tokens))
+    for chunk in passes:
+        picked = chunk or [0]  # a rank out of rows still takes part in the pass
+        lp, m, ent = forward.logprobs(model, [prompt_ids[i] for i in picked], [completion_ids[i] for i in picked],
+                                      pad_id, True)
+        if not chunk:
+            continue
+        t, at = lp.shape[1], torch.tensor(chunk) - first  # positions in this rank's share
+        logprobs[at, :t] = lp.float().cpu()
+        mask[at, :t] = m.cpu()
+        entropies[at, :t] = ent.float().cpu()
+    return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from rredcot_cli.rng import derive_seed, seed_everything
 from rredcot_cli.store import artifacts, runs
-from rredcot_cli.config.compose import config_hash
+from rredcot_cli.store.hashing import config_hash
 from rredcot_cli.config.ranges import check_method_params
 from rredcot_cli.config.search import config_file
 from rredcot_cli.errors import ArtifactError, ConfigError, one_line

@@ -35,6 +35,7 @@ from rredcot_cli.train.checkpoint import last_complete
 from rredcot_cli.train.loop import Fitted, Trainer, TrainSettings
 from rredcot_cli.train.update import UpdateHyper, old_from_sampler
 from rredcot_cli.config.schema import EXECUTION_KEYS, Config
+from rredcot_cli.train.loss import LossSettings
 
 CONFIG_KEYS = ["seed", "model", "backend", "benchmark", "segment", "method", "sampling", "train"]
 
@@ -122,9 +123,11 @@ def update_hyper(cfg: DictConfig, precision: str, token_selection=None) -> Updat
     selection (``MethodSpec.token_selection``; None: every token)."""
     t = cfg.train
     return UpdateHyper(
-        updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size, clip_low=t.clip_low,
-        clip_high=t.clip_high, loss_agg=t.loss_agg, max_tokens=cfg.sampling.max_new_tokens, kl_coef=t.kl_coef,
-        kl_estimator=t.kl_estimator, kl_clamp=t.kl_clamp, clip_ratio_c=t.clip_ratio_c, grad_clip=t.grad_clip,
+        updates_per_batch=t.updates_per_batch, minibatch_size=t.minibatch_size,
+        loss=LossSettings(clip_low=t.clip_low, clip_high=t.clip_high, loss_agg=t.loss_agg,
+                          max_tokens=cfg.sampling.max_new_tokens, kl_coef=t.kl_coef, kl_estimator=t.kl_estimator,
+                          kl_clamp=t.kl_clamp, clip_ratio_c=t.clip_ratio_c),
+        grad_clip=t.grad_clip,
         sampler_correction=t.sampler_correction, sampler_cap=t.sampler_correction_cap,
         query_preserved=t.query_preserved_minibatches, reward_balanced=t.reward_balanced_minibatches,
         token_selection=token_selection,

@@ -40,8 +40,7 @@ from rredcot_cli.store.atomic import (OLD_MARK, TMP_MARK, atomic_path, atomic_wr
                                 atomic_write_text, remove_stale_temporaries)
 from rredcot_cli.errors import ArtifactError, RunError, StorageError, os_error_message
 from rredcot_cli.store.lock import LOCK_FILE, lock_stage_folder, release
-from rredcot_cli.config.compose import config_hash
-from rredcot_cli.config.schema import without_unhashed
+from rredcot_cli.store.hashing import config_hash, without_unhashed
 from rredcot_cli.store.artifacts import get_spec
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 import json
 import copy
 
@@ -47,13 +47,11 @@ def is_due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: list[dict], batch: Any,
-         credit: Any, method: str, config_hash: str) -> Path:
-    """Write step ``step``'s rollouts (``samples`` and their ``segments``, the ``CreditBatch``
-    and ``Credit`` the update used) under ``train_dir``; returns the step folder."""
-    from rredcot_cli.pipeline import credit_rows  # deferred: store/ imports no torch (README); pipeline does
-
-    credits, advantages = credit_rows(samples, batch, credit, method)
+def save(train_dir: str | Path, step: int, *, samples: list[dict], segments: list[dict], credits: list[dict],
+         advantages: list[dict], method: str, config_hash: str) -> Path:
+    """Write step ``step``'s rollouts (``samples`` and their ``segments``, the ``credits`` and
+    ``advantages`` rows of the update's credit, ``pipeline.credit_rows``) under ``train_dir``;
+    returns the step folder."""
     target = step_dir(train_dir, step)
     with runs.atomic_path(target) as tmp:
         made: dict[str, dict] = {}

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from rredcot_cli.errors import ConfigError
-from rredcot_cli.policy.hf import pack_prompt_completion
+from rredcot_cli.policy.logprobs import pack_prompt_completion
 from rredcot_cli.store.atomic import atomic_path
 
 if TYPE_CHECKING:

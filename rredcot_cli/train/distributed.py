@@ -46,30 +46,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from rredcot_cli.policy.logprobs import completion_logprobs
+from rredcot_cli.policy.logprobs import CompletionLogprobs
 from rredcot_cli.policy.weights import unwrap
 from rredcot_cli.config.schema import TrainConfig, choices
 
 PARALLEL_MODES = choices(TrainConfig, "parallel")  # ddp, fsdp2
-
-
-class CompletionLogprobs(torch.nn.Module):
-    """``logprobs.completion_logprobs`` of ``module`` as a module's forward: the root that DDP
-    and FSDP2 wrap, so their forward and backward hooks surround the whole pass even when the
-    LM head runs in chunks outside the HF model's own forward. The child is called ``module``
-    so ``weights.unwrap`` sees through it."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs):
-        return completion_logprobs(self.module, prompt_ids, completion_ids, pad_id, with_entropy, **kwargs)
-
-
-def is_logprob_root(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is a ``CompletionLogprobs``, FSDP2-sharded or inside DDP."""
-    return isinstance(model, CompletionLogprobs) or isinstance(getattr(model, "module", None), CompletionLogprobs)
 
 
 def split_evenly(items: Sequence, parts: int) -> list[list]:
@@ -116,6 +97,14 @@ class DataParallel:
         time: enough for the largest share, so all ranks make the same number."""
         largest = -(-count // self.world_size)
         return -(-largest // max(1, per_pass)) if count else 0
+
+    def micro_passes(self, rows: Sequence[int], cut: Callable[[list[int]], list[list[int]]]) -> list[list[int]]:
+        """This rank's share of ``rows`` cut into micro-batches by ``cut``, then empty passes so
+        that every rank makes as many as the rank with the most: sharded weights and the gradient
+        sync need every rank in every pass (an empty one runs a stand-in row at zero weight)."""
+        shares = [cut(share) for share in split_evenly(rows, self.world_size)]
+        mine = shares[self.rank]
+        return mine + [[] for _ in range(max(map(len, shares), default=0) - len(mine))]
 
     def map_chunks(self, fn: Callable[[int, Any], list], chunks: Sequence) -> list[list]:
         """``[fn(i, chunk) for i, chunk in enumerate(chunks)]``, chunk i computed by rank

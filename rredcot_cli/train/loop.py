@@ -59,13 +59,14 @@ from rredcot_cli.train import distributed, memory, mismatch, steptime, tracking,
 from rredcot_cli.errors import TrainingError
 from rredcot_cli.methods.base import Credit
 from rredcot_cli.train.precision import GradientStepper, Precision, dtype_of, make_optimizer
-from rredcot_cli.pipeline import (attribute, completion_entropies, credit_batch, evaluate, prompts_per_call,
-                                  sample_rows, segment_rows)
+from rredcot_cli.pipeline import (attribute, completion_entropies, credit_batch, credit_rows, evaluate,
+                                  prompts_per_call, sample_rows, segment_rows)
 from rredcot_cli.segmenters import needs_entropy
 from rredcot_cli.train.checkpoint import TrainState
 from rredcot_cli.train.critic import build_critic
-from rredcot_cli.train.update import (ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats,
-                                auto_micro_batch_tokens, lr_lambda, policy_update)
+from rredcot_cli.train.update import (UpdateBatch, UpdateEngine, UpdateHyper, UpdateStats, auto_micro_batch_tokens,
+                                      lr_lambda, policy_update)
+from rredcot_cli.policy.logprobs import ForwardPass
 
 if TYPE_CHECKING:
     from rredcot_cli.config.schema import CriticConfig, SamplingConfig, SegmentConfig, TrainConfig
@@ -528,8 +529,9 @@ class Recorder:
         self.trackers.log(result.row, step)
         if result.learned and train_rollouts.is_due(step, self.save_rollouts):
             learned = result.learned
+            credits, advantages = credit_rows(result.samples, learned.batch, learned.credit, self.method)
             train_rollouts.save(self.out.dir, step, samples=result.samples, segments=learned.segments,
-                                batch=learned.batch, credit=learned.credit, method=self.method,
+                                credits=credits, advantages=advantages, method=self.method,
                                 config_hash=self.out.manifest["config_hash"])
 
     def close(self) -> None:

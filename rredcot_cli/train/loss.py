@@ -172,30 +172,43 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens
     raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(LOSS_AGGREGATIONS)}")
 
 
+@dataclass(frozen=True)
+class LossSettings:
+    """What the clipped-ratio loss computes (the ``train.*`` options of the same names).
+
+    ``clip_low``/``clip_high``: the ratio's clip range ``[1 - clip_low, 1 + clip_high]``;
+    ``loss_agg`` and ``max_tokens`` (the generation budget, for ``constant``): the normaliser
+    (``loss_normalizer``); ``kl_coef`` x the ``kl_estimator`` (k1/k3) KL to the reference, k3
+    clamped to ``[-kl_clamp, kl_clamp]`` (0: off, ``kl_estimate``); ``clip_ratio_c``: the dual
+    clip for negative advantages (0: off; module docstring)."""
+
+    clip_low: float
+    clip_high: float
+    loss_agg: str
+    max_tokens: int | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_clamp: float = 0.0
+    clip_ratio_c: float = 0.0
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    clip_low: float,
-    clip_high: float,
-    loss_agg: str,
-    max_tokens: int | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    kl_clamp: float = 0.0,
-    clip_ratio_c: float = 0.0,
     sampler_weights: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped surrogate loss. All tensors are (B, T); ``mask`` is True on completion tokens.
 
-    ``clip_ratio_c`` > 1 turns on the dual clip (module docstring): where A_t < 0 the per-token
-    loss is min(-clip_ratio_c * A_t, max(-ratio_t A_t, -clip(ratio_t) A_t)); 0 turns it off.
-    ``kl_clamp`` clamps the k3 estimate (``kl_estimate``); 0 turns it off.
+    ``settings.clip_ratio_c`` > 1 turns on the dual clip (module docstring): where A_t < 0 the
+    per-token loss is min(-clip_ratio_c * A_t, max(-ratio_t A_t, -clip(ratio_t) A_t)); 0 turns it
+    off. ``settings.kl_clamp`` clamps the k3 estimate (``kl_estimate``); 0 turns it off.
 
     Gradients flow through ``logprobs`` only; old/ref log-probs and advantages are constants.
     ``sampler_weights`` (``sampler_correction_weights``) multiply the policy-gradient term of
@@ -210,12 +223,12 @@ def policy_loss(
     advantages = advantages.detach()
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    clipped = torch.clamp(ratio, 1.0 - settings.clip_low, 1.0 + settings.clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    if clip_ratio_c:
-        if not clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 (dual clip) or 0 (off), got {clip_ratio_c}")
-        dual = torch.minimum(per_token, -advantages * clip_ratio_c)
+    if settings.clip_ratio_c:
+        if not settings.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual clip) or 0 (off), got {settings.clip_ratio_c}")
+        dual = torch.minimum(per_token, -advantages * settings.clip_ratio_c)
         per_token = torch.where(advantages < 0, dual, per_token)
     if sampler_weights is not None:
         per_token = per_token * sampler_weights.detach()
@@ -223,12 +236,12 @@ def policy_loss(
         per_token = per_token * token_weights.detach().to(per_token.dtype)
 
     kl_ref = torch.zeros((), dtype=logprobs.dtype)
-    if ref_logprobs is not None and kl_coef != 0.0:
-        kl = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator, kl_clamp)
-        per_token = per_token + kl_coef * kl
+    if ref_logprobs is not None and settings.kl_coef != 0.0:
+        kl = kl_estimate(logprobs, ref_logprobs.detach(), settings.kl_estimator, settings.kl_clamp)
+        per_token = per_token + settings.kl_coef * kl
         kl_ref = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
 
-    loss = aggregate(per_token, mask, loss_agg, max_tokens, normalizer)
+    loss = aggregate(per_token, mask, settings.loss_agg, settings.max_tokens, normalizer)
     with torch.no_grad():
         n_tokens = mask.sum().clamp(min=1)
         was_clipped = (clipped < unclipped) & mask

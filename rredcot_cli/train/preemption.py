@@ -33,19 +33,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Iterator
 
+from rredcot_cli.config.schema import signal_number
 from rredcot_cli.console import console
 from rredcot_cli.errors import Preempted, stop_exit_status, stop_status
-
-def signal_number(name: str) -> signal.Signals:
-    """``"SIGUSR1"`` / ``"USR1"`` / ``"10"`` -> the signal; ValueError naming the valid ones."""
-    text = str(name).strip().upper()
-    try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG")
-                                                                             else f"SIG{text}"]
-    except (KeyError, ValueError):
-        raise ValueError(f"train.preempt_signals: unknown signal {name!r}; use names such as SIGTERM, SIGUSR1, "
-                         "SIGUSR2, SIGINT") from None
-
 
 class StopNow(BaseException):
     """A signal that stops the stage at once (``Preemption.at_once``, or a second Ctrl-C). A

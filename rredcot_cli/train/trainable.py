@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from rredcot_cli.train.precision import Precision
-from rredcot_cli.train.update import ForwardPass
+from rredcot_cli.policy.logprobs import ForwardPass
 from rredcot_cli.policy.weights import hf_weights, is_lora, unwrap
 from rredcot_cli.errors import RredcotError
 

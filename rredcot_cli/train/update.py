@@ -3,26 +3,26 @@
 Kept apart from the training stage so the stage reads as sample -> segment -> attribute ->
 update, and so tests can drive an update on hand-made tensors. How the model is run (the
 sampling distribution the log-probs are taken under, autocast, chunked LM head, micro-batches)
-is one ``ForwardPass``; how a gradient becomes a step (loss scaling, clipping, skipping
-non-finite steps) is a ``precision.GradientStepper``.
+is one ``ForwardPass`` (``policy/logprobs.py``, where every completion is scored); how a
+gradient becomes a step (loss scaling, clipping, skipping non-finite steps) is a
+``precision.GradientStepper``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
 
 import torch
 
 from rredcot_cli.train.batching import advantage_signs, minibatch_rows
-from rredcot_cli.train.distributed import DataParallel, is_logprob_root, split_evenly
-from rredcot_cli.policy.logprobs import completion_logprobs
-from rredcot_cli.train.loss import loss_normalizer, policy_loss, sampler_correction_weights
+from rredcot_cli.train.distributed import DataParallel
+from rredcot_cli.policy.logprobs import ForwardPass, chunked_completion_logprobs, micro_batches
+from rredcot_cli.train.loss import LossSettings, LossStats, loss_normalizer, policy_loss, sampler_correction_weights
 from rredcot_cli.train.mismatch import MismatchStats, MismatchSums, mismatch_stats, mismatch_sums
-from rredcot_cli.train.precision import GradientStepper, Precision
+from rredcot_cli.train.precision import GradientStepper, Precision, StepResult
 from rredcot_cli.train.steptime import StepClock, phase
 
 
@@ -43,39 +43,6 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-@dataclass(frozen=True)
-class ForwardPass:
-    """How the trained model is run over completions.
-
-    ``temperature``/``top_p``: the sampling distribution, so log-probs (old, new, reference) are
-    those of the distribution the completions were drawn from. ``chunk_tokens``: LM-head chunk
-    (``logprobs.completion_logprobs``; 0 = one pass). ``micro_batch_size``: rows per forward and
-    backward, gradients accumulated over a minibatch (0 = the whole minibatch at once).
-    ``micro_batch_tokens``: also at most this many padded positions per forward (0 = no limit);
-    with it, rows are sorted by length before they are cut into micro-batches (``micro_batches``),
-    so each pass pads to rows of similar length. ``autocast``: the precision context
-    (``Precision.autocast``)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    chunk_tokens: int = 0
-    micro_batch_size: int = 0
-    micro_batch_tokens: int = 0
-    autocast: Callable[[], ContextManager] = field(default=nullcontext)
-
-    def logprobs(self, model, prompt_ids, completion_ids, pad_id, with_entropy: bool):
-        """(B, T) log-probs, mask and entropies (or None), T = longest completion, on the model's
-        device. ``model`` is an HF model or a data-parallel ``CompletionLogprobs`` root
-        (``distributed.py``), which is called so that its hooks run."""
-        score = model if is_logprob_root(model) else functools.partial(completion_logprobs, model)
-        with self.autocast():
-            return score(prompt_ids, completion_ids, pad_id, with_entropy,
-                         temperature=self.temperature, top_p=self.top_p, chunk_tokens=self.chunk_tokens)
-
-    def rows_per_pass(self, minibatch_size: int) -> int:
-        return self.micro_batch_size if 0 < self.micro_batch_size < minibatch_size else minibatch_size
 
 
 OLD_LOGPROBS = ("auto", "recompute", "sampler")
@@ -110,31 +77,6 @@ def auto_micro_batch_tokens(value: int, device: str, world_size: int = 1) -> int
     return 1024 if str(device).startswith("cpu") and world_size == 1 else 0
 
 
-def micro_batches(rows: list[int], prompt_ids: list[list[int]], completion_ids: list[list[int]], max_rows: int,
-                  max_tokens: int = 0) -> list[list[int]]:
-    """``rows`` cut into micro-batches of at most ``max_rows`` rows; gradients accumulated over
-    them sum to those of one pass over ``rows``. Without ``max_tokens``, consecutive runs of
-    ``rows`` in their order. With ``max_tokens`` > 0, ``rows`` sorted by length (prompt +
-    completion) and cut so that no micro-batch exceeds that many padded positions (rows x (longest
-    prompt + longest completion); a longer single row is a micro-batch alone): rows of similar
-    length share a forward, so little of it is padding."""
-    if max_tokens <= 0:
-        step = max(1, max_rows)
-        return [list(rows[k : k + step]) for k in range(0, len(rows), step)]
-    order = sorted(rows, key=lambda i: (len(prompt_ids[i]) + len(completion_ids[i]), i))
-    out: list[list[int]] = []
-    width_p = width_c = 0
-    for i in order:
-        p, c = max(width_p, len(prompt_ids[i])), max(width_c, len(completion_ids[i]))
-        if out and len(out[-1]) < max(1, max_rows) and len(out[-1]) * (p + c) + p + c <= max_tokens:
-            out[-1].append(i)
-            width_p, width_c = p, c
-        else:
-            out.append([i])
-            width_p, width_c = len(prompt_ids[i]), len(completion_ids[i])
-    return out
-
-
 @dataclass
 class UpdateStats:
     loss: float
@@ -157,45 +99,6 @@ class UpdateStats:
     mismatch: MismatchStats = field(default_factory=MismatchStats)
 
 
-def padded_completion_logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy: bool,
-                               forward: ForwardPass = ForwardPass()):
-    """(B, T) log-probs, mask and entropies (or None) of the completion tokens, T = longest
-    completion, on the model's device."""
-    return forward.logprobs(model, prompt_ids, completion_ids, pad_id, with_entropy)
-
-
-@torch.no_grad()
-def chunked_completion_logprobs(model, prompt_ids, completion_ids, pad_id, chunk_size,
-                                forward: ForwardPass = ForwardPass(), parallel: DataParallel = DataParallel()):
-    """Like ``padded_completion_logprobs`` without gradients, ``chunk_size`` sequences at a time
-    so a large batch does not hold every sequence's activations at once. CPU float32 tensors.
-
-    With ``parallel`` each rank scores its share of the rows, making as many passes as every
-    other rank (sharded weights need all ranks in every pass), and the results are all-gathered."""
-    B = len(completion_ids)
-    T = max((len(c) for c in completion_ids), default=0)
-    shares = [micro_batches(share, prompt_ids, completion_ids, chunk_size, forward.micro_batch_tokens)
-              for share in split_evenly(range(B), parallel.world_size)]
-    first = sum(len(share) for share in split_evenly(range(B), parallel.world_size)[: parallel.rank])
-    mine = shares[parallel.rank]
-    count = sum(len(chunk) for chunk in mine)
-    logprobs = torch.zeros(count, T)
-    mask = torch.zeros(count, T, dtype=torch.bool)
-    entropies = torch.zeros(count, T)
-    for k in range(max((len(s) for s in shares), default=0)):
-        chunk = mine[k] if k < len(mine) else []
-        picked = chunk or [0]  # a rank out of rows still takes part in the pass
-        lp, m, ent = forward.logprobs(model, [prompt_ids[i] for i in picked], [completion_ids[i] for i in picked],
-                                      pad_id, True)
-        if not chunk:
-            continue
-        t, at = lp.shape[1], torch.tensor(chunk) - first  # positions in this rank's share
-        logprobs[at, :t] = lp.float().cpu()
-        mask[at, :t] = m.cpu()
-        entropies[at, :t] = ent.float().cpu()
-    return parallel.concat_rows(logprobs, T), parallel.concat_rows(mask, T, False), parallel.concat_rows(entropies, T)
-
-
 @dataclass(frozen=True)
 class UpdateBatch:
     """What one update trains on: the batch's token ids (prompts and completions, unpadded),
@@ -210,34 +113,32 @@ class UpdateBatch:
     sampler_logprobs: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
 
+    def token_ids(self, rows: list[int] | None = None) -> tuple[list[list[int]], list[list[int]], int]:
+        """The prompt and completion ids of ``rows`` (None: every row), and the pad id: a forward's
+        arguments."""
+        if rows is None:
+            return self.prompt_ids, self.completion_ids, self.pad_id
+        return [self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows], self.pad_id
+
 
 @dataclass(frozen=True)
 class UpdateHyper:
     """The ``train.*`` hyper-parameters of one policy update: what it computes.
 
     ``updates_per_batch`` passes over the batch in minibatches of ``minibatch_size`` rows; the
-    clipped ratio ``[1 - clip_low, 1 + clip_high]``; ``loss_agg`` and ``max_tokens`` (the
-    normaliser, ``loss.loss_normalizer``); ``kl_coef`` x the ``kl_estimator`` (k1/k3) KL to the
-    reference, k3 clamped to ``[-kl_clamp, kl_clamp]`` (0: off); the dual clip ``clip_ratio_c``
-    for negative advantages (0: off; ``loss.policy_loss``); ``grad_clip`` on the global gradient
-    norm; ``sampler_correction`` (capped at ``sampler_cap``) on the policy-gradient term;
-    ``old_from_sampler``: take the sampler's log-probs as the old ones instead of the pre-update
-    pass (``old_from_sampler()``). ``query_preserved`` / ``reward_balanced``: how each pass cuts
-    the batch into minibatches (``batching.minibatch_rows``; both off: shuffled rows).
-    ``token_selection``: the credit method's choice of the tokens that carry the policy-gradient
-    term, ``fn(entropies (B, T), mask (B, T)) -> (B, T)`` 0/1 weights computed from each forward
-    of the update (``MethodSpec.loss_tokens``; e.g. ``methods/high_entropy.py``), or None (all)."""
+    ``loss`` each minibatch minimises (``loss.LossSettings``: clip range, aggregation, KL term,
+    dual clip); ``grad_clip`` on the global gradient norm; ``sampler_correction`` (capped at
+    ``sampler_cap``) on the policy-gradient term; ``old_from_sampler``: take the sampler's
+    log-probs as the old ones instead of the pre-update pass (``old_from_sampler()``).
+    ``query_preserved`` / ``reward_balanced``: how each pass cuts the batch into minibatches
+    (``batching.minibatch_rows``; both off: shuffled rows). ``token_selection``: the credit
+    method's choice of the tokens that carry the policy-gradient term, ``fn(entropies (B, T),
+    mask (B, T)) -> (B, T)`` 0/1 weights computed from each forward of the update
+    (``MethodSpec.loss_tokens``; e.g. ``methods/high_entropy.py``), or None (all)."""
 
     updates_per_batch: int
     minibatch_size: int
-    clip_low: float
-    clip_high: float
-    loss_agg: str
-    max_tokens: int
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_clamp: float = 0.0
-    clip_ratio_c: float = 0.0
+    loss: LossSettings
     grad_clip: float = 1.0
     sampler_correction: str = "none"
     sampler_cap: float = 2.0
@@ -262,6 +163,148 @@ class UpdateEngine:
     parallel: DataParallel = field(default_factory=DataParallel)
     clock: StepClock | None = None
 
+    def rows_per_pass(self, hyper: UpdateHyper) -> int:
+        """Rows per forward: a minibatch's, unless ``forward.micro_batch_size`` cuts it smaller."""
+        return self.forward.rows_per_pass(hyper.minibatch_size)
+
+
+@dataclass(frozen=True)
+class Stepping:
+    """What turns a minibatch's accumulated gradients into an optimizer step: the ``optimizer``
+    over the trainable ``params``, its ``scheduler``, the ``stepper`` (loss scaling, clipping at
+    ``grad_clip``, refusing non-finite gradients)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    params: list[torch.nn.Parameter]
+    stepper: GradientStepper
+    grad_clip: float
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> StepResult:
+        """The optimizer step (and the scheduler's) where the gradient allows one."""
+        result = self.stepper.step(self.optimizer, self.params, self.grad_clip)
+        if result.stepped:
+            self.scheduler.step()
+        return result
+
+
+@dataclass(frozen=True)
+class PrePass:
+    """What every minibatch of an update compares against, fixed before its first step: the
+    (B, T) ``old_logprobs`` (float32, CPU) and completion ``mask``, the reference's
+    ``ref_logprobs`` (None without a KL term) and the ``sampler_weights`` of the sampler
+    correction (None without one). What the pass measured: the mean ``entropy`` (None where the
+    sampler's log-probs stood in for the pass: the first minibatches measure it then), the
+    ``sampler_kl`` and ``mismatch`` against the sampler's log-probs (NaN without them)."""
+
+    old_logprobs: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    sampler_weights: torch.Tensor | None = None
+    entropy: float | None = None
+    sampler_kl: float = float("nan")
+    mismatch: MismatchStats = field(default_factory=MismatchStats)
+
+
+@dataclass
+class MinibatchSums:
+    """One minibatch's statistics as sums over its micro-batches (``add``), then over the ranks
+    (``over_ranks``), before ``metrics`` divides: token-weighted, so every token of the minibatch
+    counts once whichever rank and pass it fell in."""
+
+    loss: float = 0.0  # the passes' losses, each already its share of the minibatch loss
+    clip: float = 0.0  # clip fraction x tokens
+    kl_ref: float = 0.0  # KL to the reference x tokens
+    approx_kl_old: float = 0.0  # approximate KL to the old policy x tokens
+    tokens: float = 0.0
+    nonfinite: float = 0.0  # passes whose loss was not finite
+    entropy: float = 0.0  # entropy x tokens, where the passes measure it
+    entropy_tokens: float = 0.0
+
+    def add(self, loss: torch.Tensor, stats: LossStats, tokens: int) -> None:
+        self.loss += float(loss.detach())
+        self.clip += stats.clip_fraction * tokens
+        self.kl_ref += stats.kl_ref * tokens
+        self.approx_kl_old += stats.approx_kl_old * tokens
+        self.tokens += tokens
+        self.nonfinite += not bool(torch.isfinite(loss))
+
+    def add_entropy(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        self.entropy += float((entropies * mask).sum())
+        self.entropy_tokens += int(mask.sum())
+
+    def over_ranks(self, parallel: DataParallel) -> "MinibatchSums":
+        """The sums of every rank (one all-reduce); every rank gets the same."""
+        return MinibatchSums(*parallel.sum([getattr(self, f.name) for f in fields(self)]))
+
+    def metrics(self, world_size: int) -> dict | None:
+        """The minibatch's loss and token means, or None where any pass's loss was not finite."""
+        if self.nonfinite:
+            return None
+        tokens = max(1.0, self.tokens)
+        # Each rank's loss was scaled by W (see the normaliser): the sum over ranks is W x the loss.
+        return {"loss": self.loss / world_size, "clip_fraction": self.clip / tokens, "kl_ref": self.kl_ref / tokens,
+                "approx_kl_old": self.approx_kl_old / tokens}
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What a minibatch's forwards measure besides the loss: the ``entropy`` (without a
+    pre-update pass, in the first pass over the batch) and the sampler ``mismatch`` (with the
+    sampler's log-probs as the old ones, before the first optimizer step)."""
+
+    entropy: bool = False
+    mismatch: bool = False
+
+
+@dataclass
+class UpdateTally:
+    """Running sums over an update's minibatch steps: the metrics of the steps taken, the counts
+    of those skipped, and what the first forwards measured (``Measuring``)."""
+
+    totals: dict = field(default_factory=lambda: dict.fromkeys(
+        ("loss", "clip_fraction", "kl_ref", "approx_kl_old", "grad_norm"), 0.0))
+    steps: int = 0
+    skipped: int = 0
+    trailing: int = 0  # skipped steps since the last one taken
+    overflows: int = 0
+    entropy: float = 0.0  # entropy x tokens of the first pass, without a pre-update pass
+    entropy_tokens: float = 0.0
+    first_forwards: MismatchSums = field(default_factory=MismatchSums)  # before the first step
+
+    def measured(self, sums: MinibatchSums, mismatch: MismatchSums, measuring: Measuring) -> None:
+        if measuring.entropy:
+            self.entropy += sums.entropy
+            self.entropy_tokens += sums.entropy_tokens
+        if measuring.mismatch:
+            self.first_forwards.add(mismatch)
+
+    def took(self, minibatch: dict, grad_norm: float) -> None:
+        self.steps += 1
+        self.trailing = 0
+        for key in ("loss", "clip_fraction", "kl_ref", "approx_kl_old"):
+            self.totals[key] += minibatch[key]
+        self.totals["grad_norm"] += grad_norm
+
+    def skip(self) -> None:
+        self.skipped += 1
+        self.trailing += 1
+
+    def stats(self, pre: PrePass, hyper: UpdateHyper, lr: float) -> UpdateStats:
+        if self.entropy_tokens:
+            entropy = self.entropy / self.entropy_tokens
+        else:
+            entropy = pre.entropy if pre.entropy is not None else float("nan")
+        mismatch = self.first_forwards.stats() if hyper.old_from_sampler else pre.mismatch
+        # With every step skipped there is no loss to report: NaN says so in the metrics.
+        mean = {k: v / self.steps if self.steps else float("nan") for k, v in self.totals.items()}
+        return UpdateStats(entropy=entropy, lr=lr, skipped=self.skipped, updates=self.steps,
+                           trailing_skipped=self.trailing, sampler_kl=pre.sampler_kl, overflow_skipped=self.overflows,
+                           mismatch=mismatch, **mean)
+
 
 def policy_update(
     model: torch.nn.Module,
@@ -272,7 +315,10 @@ def policy_update(
     engine: UpdateEngine,
 ) -> UpdateStats:
     """``hyper.updates_per_batch`` passes over ``batch`` in shuffled minibatches (``UpdateBatch``:
-    what it trains on; ``UpdateHyper``: what it computes; ``UpdateEngine``: how it runs).
+    what it trains on; ``UpdateHyper``: what it computes; ``UpdateEngine``: how it runs), in
+    four phases: the old/reference pass (``pre_update_pass``), the minibatch plan
+    (``minibatch_plan``), each minibatch's gradients accumulated (``accumulate_minibatch``) and
+    its step (``minibatch_steps``).
 
     advantages: (B, T) with T = the longest completion; zero on padding. The old log-probs are
     the policy's own before the first step (so the first minibatch step has ratio 1), under the
@@ -300,100 +346,28 @@ def policy_update(
     the first pass's forwards and ``sampler_kl`` is NaN (nothing to compare); the ``mismatch``
     statistics come from the forwards of the minibatches before the first optimizer step (still
     the weights that sampled), summed over their micro-batches and the ranks."""
-    B = len(batch.completion_ids)
-    forward, parallel, reference = engine.forward, engine.parallel, engine.reference
-    stepper = engine.stepper or GradientStepper(Precision("fp32", torch.float32, None))
-    rows = forward.rows_per_pass(hyper.minibatch_size)
-    params = [p for p in model.parameters() if p.requires_grad]
-    plan_minibatches = functools.partial(
-        minibatch_rows, B, hyper.minibatch_size, engine.generator, group_ids=batch.group_ids,
-        row_signs=advantage_signs(batch.advantages) if hyper.reward_balanced else None,
-        query_preserved=hyper.query_preserved, reward_balanced=hyper.reward_balanced)
-    if carries_no_signal(batch.advantages, reference, hyper.kl_coef):
-        return _steps_without_signal(model, optimizer, scheduler, params, stepper, hyper.updates_per_batch,
-                                     plan_minibatches, hyper.grad_clip)
+    stepping = Stepping(optimizer, scheduler, [p for p in model.parameters() if p.requires_grad],
+                        engine.stepper or GradientStepper(Precision("fp32", torch.float32, None)), hyper.grad_clip)
+    plan = minibatch_plan(batch, hyper, engine.generator)
+    if carries_no_signal(batch.advantages, engine.reference, hyper.loss.kl_coef):
+        return _steps_without_signal(model, stepping, hyper.updates_per_batch, plan)
     model.eval()
-    ids = (batch.prompt_ids, batch.completion_ids, batch.pad_id)
-    sampler_logprobs = batch.sampler_logprobs
-    if hyper.old_from_sampler:
-        if sampler_logprobs is None or hyper.sampler_correction != "none":
-            raise ValueError("old_from_sampler needs sampler_logprobs and no sampler_correction")
-        (old_logprobs, mask), entropies = _sampler_as_old(sampler_logprobs, batch.completion_ids), None
-    else:
-        with phase(engine.clock, "old_logprobs"):
-            old_logprobs, mask, entropies = chunked_completion_logprobs(model, *ids, rows, forward, parallel)
-    ref_logprobs = None
-    if reference is not None and hyper.kl_coef != 0.0:
-        with phase(engine.clock, "ref_logprobs"):
-            ref_logprobs, _, _ = chunked_completion_logprobs(reference, *ids, rows,
-                                                             engine.reference_forward or forward, parallel)
-    entropy = float((entropies * mask).sum() / mask.sum().clamp(min=1)) if entropies is not None else float("nan")
-    sampler_kl = float("nan")
-    mismatch = MismatchStats()
-    weights = None
-    if sampler_logprobs is not None and not hyper.old_from_sampler:
-        sampler_logprobs = sampler_logprobs[:, : mask.shape[1]]
-        sampler_kl = float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1))
-        mismatch = mismatch_stats(old_logprobs, sampler_logprobs, mask, hyper.sampler_cap)
-        if hyper.sampler_correction != "none":
-            weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, hyper.sampler_correction,
-                                                 hyper.sampler_cap)
-
+    pre = pre_update_pass(model, batch, hyper, engine)
     model.train()
-    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_ref": 0.0, "approx_kl_old": 0.0, "grad_norm": 0.0}
-    steps = skipped = trailing = overflows = 0
-    entropy_sums = [0.0, 0.0]  # the first pass's entropy x tokens and tokens, without a pre-pass
-    first_forwards = MismatchSums()  # the mismatch in the forwards before the first step, without one
-    for epoch in range(hyper.updates_per_batch):
-        for idx in plan_minibatches():
-            # The whole minibatch's count, shared by the ranks; times W because DDP and FSDP2
-            # average the ranks' gradients where the minibatch loss needs their sum.
-            normalizer = loss_normalizer(mask[idx], hyper.loss_agg, hyper.max_tokens) / parallel.world_size
-            optimizer.zero_grad(set_to_none=True)
-            minibatch = _accumulate_minibatch(
-                model, forward, stepper, parallel, idx, rows, *ids, old_logprobs, batch.advantages, ref_logprobs,
-                weights, normalizer, clip_low=hyper.clip_low, clip_high=hyper.clip_high, loss_agg=hyper.loss_agg,
-                max_tokens=hyper.max_tokens, kl_coef=hyper.kl_coef, kl_estimator=hyper.kl_estimator,
-                kl_clamp=hyper.kl_clamp, clip_ratio_c=hyper.clip_ratio_c, token_selection=hyper.token_selection,
-                entropy_sums=entropy_sums if entropies is None and epoch == 0 else None,
-                mismatch_into=first_forwards if hyper.old_from_sampler and epoch == 0 and steps == 0 else None,
-                mismatch_cap=hyper.sampler_cap)
-            if minibatch is None:
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                trailing += 1
-                continue
-            result = stepper.step(optimizer, params, hyper.grad_clip)
-            if not result.stepped:
-                # A finite loss can still have an inf/NaN gradient; one such step would poison the
-                # weights and the optimizer moments for good, so it is skipped like a NaN loss
-                # (fp16 overflows are the loss scaler's business: skipped, counted apart).
-                optimizer.zero_grad(set_to_none=True)
-                if result.overflow:
-                    overflows += 1
-                else:
-                    skipped += 1
-                    trailing += 1
-                continue
-            scheduler.step()
-            steps += 1
-            trailing = 0
-            for key in ("loss", "clip_fraction", "kl_ref", "approx_kl_old"):
-                totals[key] += minibatch[key]
-            totals["grad_norm"] += result.grad_norm
+    tally = minibatch_steps(model, stepping, batch, pre, hyper, engine, plan)
     # Gradients are not needed until the next update: free them now rather than carrying 4 bytes
     # per trained weight through sampling and the next pre-pass (docs/studies/memory.md, finding 1).
-    optimizer.zero_grad(set_to_none=True)
+    stepping.zero_grad()
     model.eval()
-    if entropies is None and entropy_sums[1]:
-        entropy = entropy_sums[0] / entropy_sums[1]
-    if hyper.old_from_sampler:
-        mismatch = first_forwards.stats()
-    # With every step skipped there is no loss to report: NaN says so in the metrics.
-    mean = {k: v / steps if steps else float("nan") for k, v in totals.items()}
-    return UpdateStats(entropy=entropy, lr=scheduler.get_last_lr()[0], skipped=skipped, updates=steps,
-                       trailing_skipped=trailing, sampler_kl=sampler_kl, overflow_skipped=overflows,
-                       mismatch=mismatch, **mean)
+    return tally.stats(pre, hyper, scheduler.get_last_lr()[0])
+
+
+def minibatch_plan(batch: UpdateBatch, hyper: UpdateHyper, generator: torch.Generator) -> Callable[[], list[list[int]]]:
+    """A function that draws one pass's minibatches (rows of ``batch``) from ``generator``."""
+    return functools.partial(
+        minibatch_rows, len(batch.completion_ids), hyper.minibatch_size, generator, group_ids=batch.group_ids,
+        row_signs=advantage_signs(batch.advantages) if hyper.reward_balanced else None,
+        query_preserved=hyper.query_preserved, reward_balanced=hyper.reward_balanced)
 
 
 def carries_no_signal(advantages: torch.Tensor, reference, kl_coef: float) -> bool:
@@ -404,38 +378,75 @@ def carries_no_signal(advantages: torch.Tensor, reference, kl_coef: float) -> bo
     return (reference is None or kl_coef == 0.0) and not bool(advantages.any())
 
 
-def _steps_without_signal(model, optimizer, scheduler, params, stepper, updates_per_batch: int,
-                          plan_minibatches: Callable[[], list[list[int]]], grad_clip: float) -> UpdateStats:
+def _steps_without_signal(model, stepping: Stepping, updates_per_batch: int,
+                          plan: Callable[[], list[list[int]]]) -> UpdateStats:
     """The optimizer steps of an update whose gradients are all exactly 0, without the forward and
     backward passes that would compute them (on SmolLM2-135M, 177 s of a 243 s GSM8K step).
 
     The steps are still taken, with zero gradients, and the minibatch order is still drawn: AdamW
     moves the weights on its momentum and decays them even at a zero gradient, the scheduler
-    advances, and the minibatch shuffler (``plan_minibatches`` draws from it) stays where the full
-    update would leave it, so the weights and every
-    later step equal those of running the passes, bit for bit. What the passes would only have
-    measured (entropy, clip fraction, KL to the old policy, sampler mismatch: ``sampler_kl`` and
-    the ``mismatch`` statistics, 0 tokens) is NaN for the step;
-    the loss and gradient norm are the 0 they would have been."""
+    advances, and the minibatch shuffler (``plan`` draws from it) stays where the full update
+    would leave it, so the weights and every later step equal those of running the passes, bit
+    for bit. What the passes would only have measured (entropy, clip fraction, KL to the old
+    policy, sampler mismatch: ``sampler_kl`` and the ``mismatch`` statistics, 0 tokens) is NaN for
+    the step; the loss and gradient norm are the 0 they would have been."""
     model.train()
     steps = overflows = 0
     for _ in range(updates_per_batch):
-        for _ in plan_minibatches():
-            optimizer.zero_grad(set_to_none=True)
-            for p in params:
+        for _ in plan():
+            stepping.zero_grad()
+            for p in stepping.params:
                 p.grad = torch.zeros_like(p)
-            result = stepper.step(optimizer, params, grad_clip)
-            if result.overflow:
+            # A zero gradient is finite: only an fp16 loss-scale overflow can refuse the step.
+            if stepping.step().overflow:
                 overflows += 1
                 continue
-            scheduler.step()
             steps += 1
-    optimizer.zero_grad(set_to_none=True)
+    stepping.zero_grad()
     model.eval()
     nan = float("nan")
     return UpdateStats(loss=0.0, clip_fraction=nan, kl_ref=0.0, approx_kl_old=nan, entropy=nan, grad_norm=0.0,
-                       lr=scheduler.get_last_lr()[0], skipped=0, updates=steps, trailing_skipped=0,
+                       lr=stepping.scheduler.get_last_lr()[0], skipped=0, updates=steps, trailing_skipped=0,
                        overflow_skipped=overflows)
+
+
+# ----------------------------------------------------------------- phase 1: the pre-update pass
+
+def pre_update_pass(model, batch: UpdateBatch, hyper: UpdateHyper, engine: UpdateEngine) -> PrePass:
+    """The old log-probs (the pre-update pass, or the sampler's), the reference's, and what they
+    say against the sampler's log-probs: fixed for every minibatch of the update."""
+    old_logprobs, mask, entropies = _old_logprobs(model, batch, hyper, engine)
+    ref_logprobs = None
+    if engine.reference is not None and hyper.loss.kl_coef != 0.0:
+        with phase(engine.clock, "ref_logprobs"):
+            ref_logprobs, _, _ = chunked_completion_logprobs(
+                engine.reference, *batch.token_ids(), engine.rows_per_pass(hyper),
+                engine.reference_forward or engine.forward, engine.parallel)
+    pre = PrePass(old_logprobs, mask, ref_logprobs)
+    if entropies is not None:
+        pre = replace(pre, entropy=float((entropies * mask).sum() / mask.sum().clamp(min=1)))
+    if batch.sampler_logprobs is None or hyper.old_from_sampler:
+        return pre
+    sampler_logprobs = batch.sampler_logprobs[:, : mask.shape[1]]
+    weights = None
+    if hyper.sampler_correction != "none":
+        weights = sampler_correction_weights(old_logprobs, sampler_logprobs, mask, hyper.sampler_correction,
+                                             hyper.sampler_cap)
+    return replace(pre, sampler_weights=weights,
+                   sampler_kl=float(((sampler_logprobs - old_logprobs) * mask).sum() / mask.sum().clamp(min=1)),
+                   mismatch=mismatch_stats(old_logprobs, sampler_logprobs, mask, hyper.sampler_cap))
+
+
+def _old_logprobs(model, batch: UpdateBatch, hyper: UpdateHyper, engine: UpdateEngine):
+    """(B, T) old log-probs, completion mask and entropies (None when the sampler's log-probs
+    stand in for the pass: ``old_from_sampler``)."""
+    if hyper.old_from_sampler:
+        if batch.sampler_logprobs is None or hyper.sampler_correction != "none":
+            raise ValueError("old_from_sampler needs sampler_logprobs and no sampler_correction")
+        return *_sampler_as_old(batch.sampler_logprobs, batch.completion_ids), None
+    with phase(engine.clock, "old_logprobs"):
+        return chunked_completion_logprobs(model, *batch.token_ids(),
+                                           engine.rows_per_pass(hyper), engine.forward, engine.parallel)
 
 
 def _sampler_as_old(sampler_logprobs: torch.Tensor, completion_ids: list[list[int]]):
@@ -448,74 +459,80 @@ def _sampler_as_old(sampler_logprobs: torch.Tensor, completion_ids: list[list[in
     return old * mask, mask
 
 
-def _accumulate_minibatch(model, forward, stepper, parallel, idx, rows, prompt_ids, completion_ids, pad_id,
-                          old_logprobs, advantages, ref_logprobs, weights, normalizer, entropy_sums=None,
-                          mismatch_into: MismatchSums | None = None, mismatch_cap: float = 2.0,
-                          token_selection=None, **loss_kwargs) -> dict | None:
-    """Forward and backward over this rank's share of the minibatch ``idx`` in micro-batches of
-    ``rows``, gradients accumulated in the parameters (and synchronised over ranks in the last
-    one). Returns the minibatch's loss and token-weighted statistics over all ranks, or None
-    (gradients undefined) when any micro-batch's loss on any rank was not finite. With
-    ``entropy_sums`` (a list [entropy x tokens, tokens]) the forwards also add the entropy of
-    every token of the minibatch, over all ranks, to it. With ``mismatch_into`` (a
-    ``MismatchSums``; ``old_logprobs`` are then the sampler's) the forwards' log-probs are
-    compared with ``old_logprobs`` and the minibatch's sums, over all ranks, added to it
-    (``mismatch_cap``: the ratio counted as past the cap). With ``token_selection`` the forwards
-    compute each token's entropy and the selection's 0/1 weights of each micro-batch multiply its
-    policy-gradient term (``UpdateHyper.token_selection``)."""
-    shares = [micro_batches(share, prompt_ids, completion_ids, rows, forward.micro_batch_tokens)
-              for share in split_evenly(idx, parallel.world_size)]
-    mine = shares[parallel.rank]
-    passes = max(len(share) for share in shares)  # every rank makes as many passes
-    # loss, clip_fraction, kl_ref and approx_kl_old (token-weighted), tokens, non-finite losses
-    sums = [0.0] * 8  # ... and the entropy x tokens and tokens for entropy_sums
-    mismatch = MismatchSums()  # this rank's share, with mismatch_into
-    for k in range(passes):
-        micro = mine[k] if k < len(mine) else []
+# ----------------------------------------------------------------- phases 2-4: the minibatch steps
+
+def minibatch_steps(model, stepping: Stepping, batch: UpdateBatch, pre: PrePass, hyper: UpdateHyper,
+                    engine: UpdateEngine, plan: Callable[[], list[list[int]]]) -> UpdateTally:
+    """``hyper.updates_per_batch`` passes over the minibatches ``plan`` draws: each one's gradients
+    accumulated, then one step unless its loss or gradient is not finite."""
+    tally = UpdateTally()
+    for epoch in range(hyper.updates_per_batch):
+        for idx in plan():
+            measuring = Measuring(entropy=pre.entropy is None and epoch == 0,
+                                  mismatch=hyper.old_from_sampler and epoch == 0 and tally.steps == 0)
+            stepping.zero_grad()
+            sums, mismatch = accumulate_minibatch(model, stepping.stepper, idx, batch, pre, hyper, engine, measuring)
+            tally.measured(sums, mismatch, measuring)
+            minibatch = sums.metrics(engine.parallel.world_size)
+            if minibatch is None:
+                stepping.zero_grad()
+                tally.skip()
+                continue
+            result = stepping.step()
+            if not result.stepped:
+                # A finite loss can still have an inf/NaN gradient; one such step would poison the
+                # weights and the optimizer moments for good, so it is skipped like a NaN loss
+                # (fp16 overflows are the loss scaler's business: skipped, counted apart).
+                stepping.zero_grad()
+                if result.overflow:
+                    tally.overflows += 1
+                else:
+                    tally.skip()
+                continue
+            tally.took(minibatch, result.grad_norm)
+    return tally
+
+
+def accumulate_minibatch(model, stepper: GradientStepper, idx: list[int], batch: UpdateBatch, pre: PrePass,
+                         hyper: UpdateHyper, engine: UpdateEngine,
+                         measuring: Measuring = Measuring()) -> tuple[MinibatchSums, MismatchSums]:
+    """Forward and backward over this rank's passes of the minibatch ``idx``
+    (``DataParallel.micro_passes``), gradients accumulated in the parameters (and synchronised
+    over ranks in the last pass). Returns the minibatch's statistics over all ranks (their
+    ``metrics`` are None, and the gradients undefined, when any pass's loss on any rank was not
+    finite) and, with ``measuring.mismatch`` (the old log-probs are then the sampler's), the
+    forwards' sampler mismatch over all ranks. With ``hyper.token_selection`` the forwards compute
+    each token's entropy and the selection's 0/1 weights multiply the policy-gradient term."""
+    forward, parallel = engine.forward, engine.parallel
+    # The whole minibatch's count, shared by the ranks; divided by W because DDP and FSDP2
+    # average the ranks' gradients where the minibatch loss needs their sum.
+    normalizer = loss_normalizer(pre.mask[idx], hyper.loss.loss_agg, hyper.loss.max_tokens) / parallel.world_size
+    passes = parallel.micro_passes(idx, lambda share: micro_batches(
+        share, batch.prompt_ids, batch.completion_ids, engine.rows_per_pass(hyper), forward.micro_batch_tokens))
+    with_entropy = measuring.entropy or hyper.token_selection is not None
+    sums, mismatch = MinibatchSums(), MismatchSums()
+    for k, micro in enumerate(passes):
         weight = 1.0 if micro else 0.0  # a rank out of rows takes part with a zero-weighted pass
         micro = micro or idx[:1]
-        with parallel.accumulating(model, last=k == passes - 1):
-            logprobs, mb_mask, entropies = forward.logprobs(
-                model, [prompt_ids[i] for i in micro], [completion_ids[i] for i in micro], pad_id,
-                with_entropy=entropy_sums is not None or token_selection is not None)
-            T = logprobs.shape[1]  # the micro-batch's longest completion
+        with parallel.accumulating(model, last=k == len(passes) - 1):
+            logprobs, mask, entropies = forward.logprobs(model, *batch.token_ids(micro), with_entropy=with_entropy)
 
             def on_device(x: torch.Tensor | None) -> torch.Tensor | None:
-                return None if x is None else x[micro, :T].to(logprobs.device)
+                return None if x is None else x[micro, : logprobs.shape[1]].to(logprobs.device)
 
-            selected = None if token_selection is None else token_selection(entropies.detach(), mb_mask)
-            loss, stats = policy_loss(
-                logprobs, on_device(old_logprobs), on_device(advantages), mb_mask,
-                ref_logprobs=on_device(ref_logprobs), sampler_weights=on_device(weights), normalizer=normalizer,
-                token_weights=selected, **loss_kwargs,
-            )
-            finite = bool(torch.isfinite(loss))
+            selected = None if hyper.token_selection is None else hyper.token_selection(entropies.detach(), mask)
+            loss, stats = policy_loss(logprobs, on_device(pre.old_logprobs), on_device(batch.advantages), mask,
+                                      hyper.loss, ref_logprobs=on_device(pre.ref_logprobs),
+                                      sampler_weights=on_device(pre.sampler_weights), token_weights=selected,
+                                      normalizer=normalizer)
             # A non-finite loss is still backpropagated (the other ranks' backward waits for this
-            # one); the step is skipped below, so what it leaves in the gradients is discarded.
+            # one); the step is skipped, so what it leaves in the gradients is discarded.
             stepper.backward(loss * weight)
         if not weight:
             continue
-        n = int(mb_mask.sum())
-        if entropy_sums is not None:
-            sums[6] += float((entropies * mb_mask).sum())
-            sums[7] += n
-        if mismatch_into is not None:
-            mismatch.add(mismatch_sums(logprobs, on_device(old_logprobs), mb_mask, mismatch_cap))
-        sums[0] += float(loss.detach())  # already a share of the minibatch loss
-        sums[1] += stats.clip_fraction * n
-        sums[2] += stats.kl_ref * n
-        sums[3] += stats.approx_kl_old * n
-        sums[4] += n
-        sums[5] += not finite
-    loss_sum, clip, kl_ref, approx_kl, tokens, nonfinite, entropy_sum, entropy_tokens = parallel.sum(sums)
-    if entropy_sums is not None:
-        entropy_sums[0] += entropy_sum
-        entropy_sums[1] += entropy_tokens
-    if mismatch_into is not None:
-        mismatch_into.add(mismatch.over_ranks(parallel))
-    if nonfinite:
-        return None
-    tokens = max(1.0, tokens)
-    # Each rank's loss was scaled by W (see the normaliser): the sum over ranks is W x the loss.
-    return {"loss": loss_sum / parallel.world_size, "clip_fraction": clip / tokens, "kl_ref": kl_ref / tokens,
-            "approx_kl_old": approx_kl / tokens}
+        sums.add(loss, stats, int(mask.sum()))
+        if measuring.entropy:
+            sums.add_entropy(entropies, mask)
+        if measuring.mismatch:
+            mismatch.add(mismatch_sums(logprobs, on_device(pre.old_logprobs), mask, hyper.sampler_cap))
+    return sums.over_ranks(parallel), (mismatch.over_ranks(parallel) if measuring.mismatch else mismatch)

@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rredcot_cli import methods
-from rredcot_cli.config.compose import compose, config_hash
+from rredcot_cli.config.compose import compose
+from rredcot_cli.store.hashing import config_hash
 from rredcot_cli.config.search import CONF_DIR, default_options, group_options
 from rredcot_cli.errors import ConfigError
 from rredcot_cli.methods import MethodSpec
@@ -206,7 +207,7 @@ def test_config_hash_is_stable():
     with pytest.raises(KeyError):
         config_hash(a, ["nope"])
     code = (
-        "from rredcot_cli.config.compose import compose, config_hash;"
+        "from rredcot_cli.config.compose import compose; from rredcot_cli.store.hashing import config_hash;"
         "print(config_hash(compose(['run.dir=a', 'train.lr=1e-4']), ['train', 'seed']))"
     )
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONHASHSEED": "123"}
@@ -219,7 +220,7 @@ def test_every_execution_key_is_an_option_and_names_no_run():
     real option, and changing one leaves a training run's hash (and config.yaml) unchanged."""
     from omegaconf import OmegaConf
 
-    from rredcot_cli.config.compose import config_hash
+    from rredcot_cli.store.hashing import config_hash
     from rredcot_cli.config.schema import EXECUTION_KEYS, Config
     from rredcot_cli.stages.train import CONFIG_KEYS, _hashed_config
 

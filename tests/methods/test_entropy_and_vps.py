@@ -18,7 +18,7 @@ from rredcot_cli.config.compose import compose
 from rredcot_cli.methods import get_method
 from rredcot_cli.methods.grpo_vps import segment_progress, vps_credit
 from rredcot_cli.methods.high_entropy import high_entropy_mask
-from rredcot_cli.train.loss import policy_loss
+from rredcot_cli.train.loss import LossSettings, policy_loss
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAN = float("nan")
@@ -63,15 +63,15 @@ def test_token_weights_gate_the_policy_gradient_but_not_the_normaliser():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]]).bool()
     adv = torch.tensor([[2.0, 2.0, 2.0], [-1.0, 0.0, 0.0]])
     w = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                          token_weights=w)
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, LossSettings(clip_low=0.2, clip_high=0.2,
+                          loss_agg="token-mean"), token_weights=w)
     assert math.isclose(float(loss.detach()), -(2 + 2 - 1) / 4, abs_tol=1e-6)
     loss.backward()
     assert close(logp.grad, [[-0.5, 0.0, -0.5], [0.25, 0.0, 0.0]])
     ref = logp.detach() + 0.1
-    loss_kl, _ = policy_loss(logp.detach(), logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2,
-                             loss_agg="token-mean", token_weights=torch.zeros_like(w), ref_logprobs=ref, kl_coef=1.0,
-                             kl_estimator="k1")
+    loss_kl, _ = policy_loss(logp.detach(), logp.detach(), adv, mask, LossSettings(clip_low=0.2, clip_high=0.2,
+                             loss_agg="token-mean", kl_coef=1.0, kl_estimator="k1"),
+                             token_weights=torch.zeros_like(w), ref_logprobs=ref)
     assert math.isclose(float(loss_kl), -0.1, abs_tol=1e-6)  # k1 = logp - ref = -0.1 on every token
 
 
@@ -108,8 +108,8 @@ def test_an_update_whose_selection_keeps_nothing_moves_no_weight():
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
         before = [p.detach().clone() for p in model.parameters()]
         policy_update(model, opt, sched, UpdateBatch(prompts, completions, adv, 0),
-                      UpdateHyper(updates_per_batch=1, minibatch_size=3, clip_low=0.2, clip_high=0.2,
-                                  loss_agg="token-mean", max_tokens=8, token_selection=selection),
+                      UpdateHyper(updates_per_batch=1, minibatch_size=3, loss=LossSettings(clip_low=0.2,
+                                  clip_high=0.2, loss_agg="token-mean", max_tokens=8), token_selection=selection),
                       UpdateEngine(generator=torch.Generator().manual_seed(0)))
         return before, [p.detach().clone() for p in model.parameters()]
 

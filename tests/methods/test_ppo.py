@@ -176,7 +176,8 @@ def test_attribute_ppo_with_a_trained_critic_and_a_bad_path(tmp_path):
 
 @pytest.mark.parametrize("method", ["grpo", "ppo"])
 def test_critic_options_name_only_runs_that_train_a_critic(method):
-    from rredcot_cli.config.compose import compose, config_hash
+    from rredcot_cli.config.compose import compose
+    from rredcot_cli.store.hashing import config_hash
     from rredcot_cli.methods import get_method
     from rredcot_cli.stages.train import config_keys
 

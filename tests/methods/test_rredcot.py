@@ -235,7 +235,7 @@ def test_suffix_is_blames_the_single_wrong_step():
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.pipeline import attribute, credit_batch, segment_rows
     from rredcot_cli.config.schema import SegmentConfig
-    from rredcot_cli.train.update import chunked_completion_logprobs
+    from rredcot_cli.policy.logprobs import chunked_completion_logprobs
 
     policy = load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu"), seed=0)
     bench = ChainBenchmark(6, 6)

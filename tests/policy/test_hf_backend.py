@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rredcot_cli.policy.base import SamplingParams
-from rredcot_cli.policy.hf import HFBackend, completion_logprobs, pack_prompt_completion
+from rredcot_cli.policy.hf import HFBackend
+from rredcot_cli.policy.logprobs import completion_logprobs, pack_prompt_completion
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 
 PROMPT_TEXTS = ["Compute mod 10: 1 +2 *3\n", "ab\n", "Find the first x in 1 2 with (3x+1)%10=7\n"]

@@ -245,7 +245,8 @@ def test_fake_vllm_sync_in_process_hands_tensors_over(monkeypatch, char_tokenize
     model = _tiny_tied_model()
     vb.sync_weights(model)
     (rpc, method, kwargs), reset = vb.llm.calls
-    assert (rpc, method, set(kwargs)) == ("collective_rpc", "reload_weights", {"weights_iterator"}) and reset == ("reset_prefix_cache",)
+    assert (rpc, method, set(kwargs)) == ("collective_rpc", "reload_weights",
+            {"weights_iterator"}) and reset == ("reset_prefix_cache",)
     handed = dict(kwargs["weights_iterator"])
     assert list(handed) == list(model.state_dict())  # every name, in the state dict's order
     assert torch.equal(handed["head.weight"], model.head.weight)
@@ -306,7 +307,8 @@ def test_fake_vllm_sleep_and_wake_order(monkeypatch, char_tokenizer):
         vb.score([[3]], [[4]])
     vb.sync_weights(model)
     assert [c[:2] for c in vb.llm.calls[1:]] == [
-        ("wake_up", ["weights"]), ("collective_rpc", "reload_weights"), ("wake_up", ["kv_cache"]), ("reset_prefix_cache",)]
+        ("wake_up", ["weights"]), ("collective_rpc", "reload_weights"), ("wake_up",
+         ["kv_cache"]), ("reset_prefix_cache",)]
     assert not vb.asleep
 
 
@@ -340,7 +342,8 @@ def test_batch_size_zero_means_all_prompts_in_one_call(tmp_path):
 
     assert prompts_per_call(0, 8) == sys.maxsize and prompts_per_call(64, 8) == 8 and prompts_per_call(4, 8) == 1
     cfg = compose(["backend=vllm", f"run.dir={tmp_path}"])
-    assert (cfg.backend.batch_size, cfg.backend.device, cfg.backend.kv_cache_gb, cfg.backend.sleep_mode) == (0, "auto", None, "auto")
+    assert (cfg.backend.batch_size, cfg.backend.device, cfg.backend.kv_cache_gb, cfg.backend.sleep_mode) == (0,
+            "auto", None, "auto")
     assert compose([f"run.dir={tmp_path}"]).backend.batch_size == 64  # hf unchanged
     with pytest.raises(RredcotError, match="batch_size=0"):
         load_policy(ModelConfig(chat_template=False), BackendConfig(device="cpu", batch_size=0), seed=0)
@@ -618,13 +621,16 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
     from rredcot_cli.train import trainable
     from rredcot_cli.policy.hf import HFBackend
     from rredcot_cli.train.precision import GradientStepper, resolve_precision
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     hf, vb = engine
     torch.manual_seed(0)
     fp32 = resolve_precision("fp32", "float32")
     policy = trainable.prepare(copy.deepcopy(hf.model), fp32, gradient_checkpointing=False,
-                               lora=trainable.LoraSettings(r=4, alpha=8.0, dropout=0.0, target_modules=("all-linear",)))
+                               lora=trainable.LoraSettings(r=4, alpha=8.0, dropout=0.0,
+                                                           target_modules=("all-linear",)))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     try:
@@ -639,8 +645,8 @@ def test_real_lora_policy_updates_reach_the_engine_merged(engine, prompts):
             policy_update(
                 policy, optimizer, scheduler,
                 UpdateBatch(prompt_ids=p_rows, completion_ids=c_rows, advantages=advantages, pad_id=0),
-                UpdateHyper(updates_per_batch=2, minibatch_size=3, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                            max_tokens=24),
+                UpdateHyper(updates_per_batch=2, minibatch_size=3, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                            loss_agg="token-mean", max_tokens=24)),
                 UpdateEngine(generator=torch.Generator().manual_seed(step), forward=ForwardPass(),
                              stepper=GradientStepper(fp32)))
             vb.sync_weights(policy)

@@ -111,7 +111,9 @@ def _model():
 def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: int = 8):
     """One policy update of the 8-row batch, two passes over it (mu = 2) in minibatches of
     ``minibatch_size``; returns its stats and the model's weights after it."""
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     prompts, completions, advantages = _batch()
     trained, plain, _ = parallel.wrap(model)
@@ -120,8 +122,8 @@ def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: i
     stats = policy_update(
         trained, optimizer, scheduler,
         UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
-        UpdateHyper(updates_per_batch=2, minibatch_size=minibatch_size, clip_low=0.2, clip_high=0.2,
-                    loss_agg="token-mean", max_tokens=12),
+        UpdateHyper(updates_per_batch=2, minibatch_size=minibatch_size, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12)),
         UpdateEngine(generator=torch.Generator().manual_seed(1),
                      forward=ForwardPass(micro_batch_size=rows_per_pass, chunk_tokens=4), parallel=parallel))
     parallel.refresh(trained, plain)
@@ -131,21 +133,22 @@ def _update(model, parallel: DataParallel, rows_per_pass: int, minibatch_size: i
 def _naive_gradient_gap(rank: int) -> float:
     """Max |gradient difference| between the one-process token-mean gradient of the batch and
     DDP over per-rank token means (each rank dividing by its own count)."""
-    from rredcot_cli.train.loss import policy_loss
-    from rredcot_cli.train.update import padded_completion_logprobs
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings, policy_loss
 
     prompts, completions, advantages = _batch()
     reference = _model()
-    lp, mask, _ = padded_completion_logprobs(reference, prompts, completions, 0, False)
-    loss, _ = policy_loss(lp, lp.detach(), advantages, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    lp, mask, _ = ForwardPass().logprobs(reference, prompts, completions, 0, False)
+    loss, _ = policy_loss(lp, lp.detach(), advantages, mask, LossSettings(clip_low=0.2, clip_high=0.2,
+                          loss_agg="token-mean"))
     loss.backward()
     expected = {k: p.grad for k, p in reference.named_parameters()}
     parallel = DataParallel(rank=rank, world_size=2, mode="ddp")
     trained, plain, _ = parallel.wrap(_model())
     mine = parallel.share(range(8))
     lp, mask, _ = trained([prompts[i] for i in mine], [completions[i] for i in mine], 0, False)
-    loss, _ = policy_loss(lp, lp.detach(), advantages[mine, : lp.shape[1]], mask, clip_low=0.2, clip_high=0.2,
-                          loss_agg="token-mean")
+    loss, _ = policy_loss(lp, lp.detach(), advantages[mine, : lp.shape[1]], mask, LossSettings(clip_low=0.2,
+                          clip_high=0.2, loss_agg="token-mean"))
     loss.backward()
     return max(float((p.grad - expected[k]).abs().max()) for k, p in plain.named_parameters())
 
@@ -308,7 +311,8 @@ def _env():
 
 def _train(run_dir: Path, *extra: str, world_size: int = 1) -> subprocess.Popen:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"]
-    command = (launcher if world_size > 1 else [sys.executable]) + ["-m", "rredcot_cli", "train", f"run.dir={run_dir}",
+    command = (launcher if world_size > 1 else [sys.executable]) + ["-m", "rredcot_cli", "train",
+               f"run.dir={run_dir}",
                                                                     *CLI, *extra]
     return subprocess.Popen(command, cwd=run_dir.parent, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -322,7 +326,8 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
 
 def _metrics(run: Path) -> list[dict]:
     # Wall-clock columns, and the value-estimation positions (rank 0's share under torchrun).
-    return pq.read_table(run / "train" / "metrics.parquet").drop([*CLOCK_COLUMNS, "credit_forward_tokens"]).to_pylist()
+    return pq.read_table(run / "train" / "metrics.parquet").drop([*CLOCK_COLUMNS,
+                         "credit_forward_tokens"]).to_pylist()
 
 
 def _assert_same_run(run: Path, reference: Path) -> None:

@@ -16,7 +16,9 @@ from rredcot_cli.train import trainable  # noqa: E402
 from rredcot_cli.policy.logprobs import completion_logprobs  # noqa: E402
 from rredcot_cli.policy.models import load_model_and_tokenizer  # noqa: E402
 from rredcot_cli.train.precision import GradientStepper, resolve_precision  # noqa: E402
-from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
+from rredcot_cli.train.loss import LossSettings  # noqa: E402
+from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update  # noqa: E402
+from rredcot_cli.policy.logprobs import ForwardPass  # noqa: E402
 from rredcot_cli.policy.weights import hf_weights  # noqa: E402
 from tests.test_smoke import rredcot  # noqa: E402  (the CLI in a subprocess)
 
@@ -53,8 +55,8 @@ def _train(model, batch, steps=2):
     policy_update(
         model, opt, sched,
         UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
-        UpdateHyper(updates_per_batch=steps, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                    max_tokens=32),
+        UpdateHyper(updates_per_batch=steps, minibatch_size=4, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=32)),
         UpdateEngine(generator=torch.Generator().manual_seed(0), forward=ForwardPass(chunk_tokens=16),
                      stepper=GradientStepper(resolve_precision("fp32", "float32"))))
 

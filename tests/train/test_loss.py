@@ -1,11 +1,12 @@
 """Hand-computed values of the clipped policy loss, its aggregations and KL estimators."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from rredcot_cli.train.loss import aggregate, kl_estimate, policy_loss
+from rredcot_cli.train.loss import LossSettings, aggregate, kl_estimate, policy_loss
 
 
 def test_aggregations_by_hand():
@@ -25,7 +26,7 @@ def test_clipped_surrogate_by_hand():
     new = torch.log(torch.tensor([[1.5, 0.5, 1.5, 0.5]]))
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
     mask = torch.ones(1, 4, dtype=torch.bool)
-    loss, stats = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    loss, stats = policy_loss(new, old, adv, mask, LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean"))
     expected = -(1.2 + 0.5 - 1.5 - 0.8) / 4
     assert float(loss) == pytest.approx(expected, abs=1e-6)
     assert stats.clip_fraction == pytest.approx(0.5)
@@ -36,8 +37,8 @@ def test_clip_higher_is_asymmetric():
     new = torch.log(torch.tensor([[1.25]]))
     adv = torch.ones(1, 1)
     mask = torch.ones(1, 1, dtype=torch.bool)
-    loss_sym, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
-    loss_dapo, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg="token-mean")
+    loss_sym, _ = policy_loss(new, old, adv, mask, LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean"))
+    loss_dapo, _ = policy_loss(new, old, adv, mask, LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token-mean"))
     assert float(loss_sym) == pytest.approx(-1.2)
     assert float(loss_dapo) == pytest.approx(-1.25)
 
@@ -45,8 +46,8 @@ def test_clip_higher_is_asymmetric():
 def test_gradient_is_advantage_at_ratio_one():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     adv = torch.tensor([[2.0, -1.0]])
-    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(1, 2, dtype=torch.bool),
-                          clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(1, 2, dtype=torch.bool), LossSettings(clip_low=0.2,
+                          clip_high=0.2, loss_agg="token-mean"))
     loss.backward()
     # d/dlogp of -ratio*A at ratio 1 is -A, divided by 2 tokens.
     assert torch.allclose(logp.grad, torch.tensor([[-1.0, 0.5]]))
@@ -54,8 +55,8 @@ def test_gradient_is_advantage_at_ratio_one():
 
 def test_padding_does_not_contribute():
     logp = torch.tensor([[-1.0, 5.0]], requires_grad=True)
-    loss, _ = policy_loss(logp, torch.tensor([[-1.0, 0.0]]), torch.tensor([[1.0, 100.0]]),
-                          torch.tensor([[True, False]]), clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    loss, _ = policy_loss(logp, torch.tensor([[-1.0, 0.0]]), torch.tensor([[1.0, 100.0]]), torch.tensor([[True,
+                          False]]), LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean"))
     loss.backward()
     assert loss.item() == pytest.approx(-1.0)
     assert logp.grad[0, 1] == 0
@@ -74,8 +75,8 @@ def test_kl_term_added_to_loss():
     logp = torch.log(torch.tensor([[0.5]]))
     ref = torch.log(torch.tensor([[0.25]]))
     mask = torch.ones(1, 1, dtype=torch.bool)
-    loss, stats = policy_loss(logp, logp, torch.zeros(1, 1), mask, clip_low=0.2, clip_high=0.2,
-                              loss_agg="token-mean", ref_logprobs=ref, kl_coef=0.1, kl_estimator="k1")
+    loss, stats = policy_loss(logp, logp, torch.zeros(1, 1), mask, LossSettings(clip_low=0.2, clip_high=0.2,
+                              loss_agg="token-mean", kl_coef=0.1, kl_estimator="k1"), ref_logprobs=ref)
     assert float(loss) == pytest.approx(0.1 * math.log(2.0))
     assert stats.kl_ref == pytest.approx(math.log(2.0))
 
@@ -119,8 +120,8 @@ def test_sampler_weights_scale_the_policy_gradient_term_only():
     ref = torch.full((1, 2), -0.5)
     mask = torch.ones(1, 2, dtype=torch.bool)
     weights = torch.tensor([[2.0, 0.5]])
-    loss, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                          ref_logprobs=ref, kl_coef=0.1, kl_estimator="k1", sampler_weights=weights)
+    loss, _ = policy_loss(new, old, adv, mask, LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                          kl_coef=0.1, kl_estimator="k1"), ref_logprobs=ref, sampler_weights=weights)
     # ratio 1: pg term -A_t * w_t, KL (k1) = new - ref = 0.5 unweighted
     assert float(loss.detach()) == pytest.approx((-(1.0 * 2.0) + (2.0 * 0.5) + 2 * 0.1 * 0.5) / 2, abs=1e-6)
 
@@ -152,11 +153,11 @@ def test_k3_unclamped_by_default_and_verls_clamp_as_an_option():
 def test_k3_clamp_reaches_the_loss():
     logp, ref = torch.tensor([[-15.0, -1.0]]), torch.zeros(1, 2)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    kwargs = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", ref_logprobs=ref, kl_coef=0.1)
-    loss, stats = policy_loss(logp, logp, torch.zeros(1, 2), mask, kl_clamp=10.0, **kwargs)
+    settings = LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean", kl_coef=0.1)
+    loss, stats = policy_loss(logp, logp, torch.zeros(1, 2), mask, replace(settings, kl_clamp=10.0), ref_logprobs=ref)
     assert float(loss) == pytest.approx(0.1 * (10 + math.e - 2) / 2, abs=1e-6)
     assert stats.kl_ref == pytest.approx((10 + math.e - 2) / 2, abs=1e-6)
-    unclamped, _ = policy_loss(logp, logp, torch.zeros(1, 2), mask, **kwargs)
+    unclamped, _ = policy_loss(logp, logp, torch.zeros(1, 2), mask, settings, ref_logprobs=ref)
     assert float(unclamped) == pytest.approx(0.1 * (math.exp(15) - 16 + math.e - 2) / 2, rel=1e-6)
 
 
@@ -167,18 +168,18 @@ def test_dual_clip_by_hand():
     new = torch.log(torch.tensor([[4.0, 2.0, 4.0, 0.5]])).requires_grad_()
     adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
     mask = torch.ones(1, 4, dtype=torch.bool)
-    kw = dict(clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
-    plain, _ = policy_loss(new, old, adv, mask, **kw)
+    plain_settings = LossSettings(clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    plain, _ = policy_loss(new, old, adv, mask, plain_settings)
     assert float(plain.detach()) == pytest.approx((4 + 2 - 1.2 + 0.8) / 4, abs=1e-6)
-    dual, _ = policy_loss(new, old, adv, mask, clip_ratio_c=3.0, **kw)
+    dual, _ = policy_loss(new, old, adv, mask, replace(plain_settings, clip_ratio_c=3.0))
     assert float(dual.detach()) == pytest.approx((3 + 2 - 1.2 + 0.8) / 4, abs=1e-6)
     dual.backward()
     # The capped token has no gradient; the ratio-2 token keeps d(-r A)/dlogp = r = 2, over 4 tokens.
     assert new.grad[0].tolist() == pytest.approx([0.0, 0.5, 0.0, 0.0], abs=1e-6)
-    off, _ = policy_loss(new, old, adv, mask, clip_ratio_c=0.0, **kw)
+    off, _ = policy_loss(new, old, adv, mask, replace(plain_settings, clip_ratio_c=0.0))
     assert torch.equal(off, plain)
     with pytest.raises(ValueError, match="> 1"):
-        policy_loss(new, old, adv, mask, clip_ratio_c=1.0, **kw)
+        policy_loss(new, old, adv, mask, replace(plain_settings, clip_ratio_c=1.0))
 
 
 def test_dual_clip_equals_verls_formula_on_random_tokens():
@@ -194,7 +195,8 @@ def test_dual_clip_equals_verls_formula_on_random_tokens():
     l1 = torch.maximum(pg1, pg2)
     per_token = torch.where(adv < 0, torch.minimum(-adv * 3.0, l1), l1)
     expected = (per_token * mask).sum() / mask.sum()
-    loss, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_agg="token-mean", clip_ratio_c=3.0)
+    loss, _ = policy_loss(new, old, adv, mask, LossSettings(clip_low=0.2, clip_high=0.28, loss_agg="token-mean",
+                          clip_ratio_c=3.0))
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
 
 
@@ -206,7 +208,7 @@ def test_new_loss_options_default_off_and_are_checked():
     cfg = compose([])
     assert (cfg.train.kl_clamp, cfg.train.clip_ratio_c) == (0.0, 0.0)
     hyper = update_hyper(compose(["train.kl_clamp=10", "train.clip_ratio_c=3"]), "fp32")
-    assert (hyper.kl_clamp, hyper.clip_ratio_c) == (10.0, 3.0)
+    assert (hyper.loss.kl_clamp, hyper.loss.clip_ratio_c) == (10.0, 3.0)
     for bad in ("train.kl_clamp=-1", "train.clip_ratio_c=-1"):
         with pytest.raises(ConfigError, match=">= 0"):
             compose([bad])

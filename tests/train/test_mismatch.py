@@ -172,14 +172,17 @@ def test_geometric_mask_with_a_cap_not_above_one_is_refused_before_the_run(tmp_p
 
 def _update(model, *, sampler, old_from_sampler, minibatch_size=6, advantages=None, cap=2.0, correction="none"):
     from rredcot_cli.policy.models import build_char_tokenizer
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
     completions = [tok(t)["input_ids"] for t in ["7", "ok ok", "13\nAnswer: 3", "no", "x=3: f=1 no", "0\n0"]]
     T = max(len(c) for c in completions)
     if advantages is None:
-        advantages = torch.randn(len(completions), 1, generator=torch.Generator().manual_seed(0)).expand(-1, T).clone()
+        advantages = torch.randn(len(completions), 1, generator=torch.Generator().manual_seed(0)).expand(-1,
+                                 T).clone()
         for i, c in enumerate(completions):
             advantages[i, len(c):] = 0
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -188,8 +191,8 @@ def _update(model, *, sampler, old_from_sampler, minibatch_size=6, advantages=No
         model, opt, sched,
         UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0,
                     sampler_logprobs=sampler(model, prompts, completions) if callable(sampler) else sampler),
-        UpdateHyper(updates_per_batch=2, minibatch_size=minibatch_size, clip_low=0.2, clip_high=0.2,
-                    loss_agg="token-mean", max_tokens=12, old_from_sampler=old_from_sampler,
+        UpdateHyper(updates_per_batch=2, minibatch_size=minibatch_size, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12), old_from_sampler=old_from_sampler,
                     sampler_correction=correction, sampler_cap=cap),
         UpdateEngine(generator=torch.Generator().manual_seed(0), forward=ForwardPass(chunk_tokens=5)))
 
@@ -198,7 +201,7 @@ def _shifted(shift):
     """The sampler's log-probs: the model's own, teacher-forced, minus ``shift`` on every token
     (so delta = +shift everywhere)."""
     def sampler(model, prompts, completions):
-        from rredcot_cli.train.update import chunked_completion_logprobs
+        from rredcot_cli.policy.logprobs import chunked_completion_logprobs
 
         lp, mask, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
         return (lp - shift) * mask

@@ -13,7 +13,9 @@ import torch
 from rredcot_cli.train import update
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 from rredcot_cli.train.precision import GradientStepper, resolve_precision
-from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.train.loss import LossSettings
+from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.policy.logprobs import ForwardPass
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n"]]
@@ -54,8 +56,8 @@ def _update(t, advantages, model=None, kl_coef=0.0, reference=None):
     return policy_update(
         model or t["model"], t["opt"], t["sched"],
         UpdateBatch(prompt_ids=PROMPTS, completion_ids=COMPLETIONS, advantages=advantages, pad_id=0),
-        UpdateHyper(updates_per_batch=2, minibatch_size=2, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                    max_tokens=12, kl_coef=kl_coef),
+        UpdateHyper(updates_per_batch=2, minibatch_size=2, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12, kl_coef=kl_coef)),
         UpdateEngine(generator=t["generator"], forward=t["forward"], reference=reference, stepper=t["stepper"]))
 
 

@@ -40,7 +40,7 @@ pytest.importorskip("trl", minversion="1.16")
 
 from trl_oracle import LogpSpy, grpo_trainer, loss_batch, rloo_trainer, trainer_attrs, trl_inputs  # noqa: E402
 
-from rredcot_cli.train.loss import policy_loss, sampler_correction_weights  # noqa: E402
+from rredcot_cli.train.loss import LossSettings, policy_loss, sampler_correction_weights  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -84,10 +84,10 @@ def run_both(seed: int, loss_agg: str, loss_type: str, clip_low: float, clip_hig
             theirs = trainer._compute_loss(trainer.model, inputs)
     logps = spy.logps
     token_advantages = batch["advantages"][:, None] * mask
-    ours, _ = policy_loss(logps, inputs["old_per_token_logps"], token_advantages, mask, clip_low=clip_low,
-                          clip_high=clip_high, loss_agg=loss_agg, max_tokens=length,
-                          ref_logprobs=inputs.get("ref_per_token_logps"), kl_coef=beta, kl_estimator="k3",
-                          kl_clamp=kl_clamp, clip_ratio_c=clip_ratio_c, sampler_weights=weights)
+    ours, _ = policy_loss(logps, inputs["old_per_token_logps"], token_advantages, mask,
+                          LossSettings(clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg, max_tokens=length,
+                          kl_coef=beta, kl_estimator="k3", kl_clamp=kl_clamp, clip_ratio_c=clip_ratio_c),
+                          ref_logprobs=inputs.get("ref_per_token_logps"), sampler_weights=weights)
     (grad_theirs,) = torch.autograd.grad(theirs, logps, retain_graph=True)
     (grad_ours,) = torch.autograd.grad(ours, logps)
     return theirs, ours, grad_theirs, grad_ours, {"inputs": inputs, "logps": logps.detach(), "mask": mask}
@@ -210,8 +210,8 @@ def test_rloo_token_level_loss_vs_trls_sequence_level_loss(seed):
     -(1/B) sum_i |y_i| A_i). Off-policy the sequence ratio and the token ratios clip differently."""
     theirs, g_theirs, logps, batch, inputs = rloo_both(seed, old_shift=0.0)
     mask, adv = batch["mask"], batch["advantages"]
-    ours, _ = policy_loss(logps, logps.detach(), adv[:, None] * mask, mask, clip_low=0.2, clip_high=0.2,
-                          loss_agg="constant", max_tokens=1)
+    ours, _ = policy_loss(logps, logps.detach(), adv[:, None] * mask, mask, LossSettings(clip_low=0.2, clip_high=0.2,
+                          loss_agg="constant", max_tokens=1))
     (g_ours,) = torch.autograd.grad(ours, logps)
     torch.testing.assert_close(g_ours, g_theirs, **GRAD_TOL)
     torch.testing.assert_close(theirs, -adv.mean(), **VALUE_TOL)
@@ -219,8 +219,8 @@ def test_rloo_token_level_loss_vs_trls_sequence_level_loss(seed):
     # off-policy by 0.5 nats per sequence: TRL clips whole sequences (ratio e^0.5 > 1.2)
     theirs_off, g_off, logps, _, _ = rloo_both(seed, old_shift=0.5)
     per_token_old = logps.detach() - 0.5 / mask.sum(1, keepdim=True).clamp(min=1)
-    ours_off, _ = policy_loss(logps, per_token_old, adv[:, None] * mask, mask, clip_low=0.2, clip_high=0.2,
-                              loss_agg="constant", max_tokens=1)
+    ours_off, _ = policy_loss(logps, per_token_old, adv[:, None] * mask, mask, LossSettings(clip_low=0.2,
+                              clip_high=0.2, loss_agg="constant", max_tokens=1))
     (g_ours_off,) = torch.autograd.grad(ours_off, logps)
     assert not torch.allclose(g_ours_off, g_off, rtol=1e-3, atol=1e-6)
 
@@ -249,8 +249,8 @@ def micro_batches_both(seed: int, loss_agg: str, loss_type: str, parts: int = 2)
                 trainer_attrs(trainer.args, steps_per_generation=parts), LogpSpy(trainer) as spy:
             theirs = trainer._compute_loss(trainer.model, inputs)
         ours, _ = policy_loss(spy.logps, inputs["old_per_token_logps"], micro["advantages"][:, None] * micro["mask"],
-                              micro["mask"], clip_low=0.2, clip_high=0.28, loss_agg=loss_agg, max_tokens=length,
-                              normalizer=normalizer)
+                              micro["mask"], LossSettings(clip_low=0.2, clip_high=0.28, loss_agg=loss_agg,
+                              max_tokens=length), normalizer=normalizer)
         grads.append((torch.autograd.grad(theirs, spy.logps, retain_graph=True)[0],
                       torch.autograd.grad(ours, spy.logps)[0]))
         theirs_total, ours_total = theirs_total + theirs.detach(), ours_total + ours.detach()

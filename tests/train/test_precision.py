@@ -14,7 +14,9 @@ import torch
 from rredcot_cli.train import trainable
 from rredcot_cli.policy.models import build_char_tokenizer, build_tiny_model
 from rredcot_cli.train.precision import GradientStepper, resolve_precision
-from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.train.loss import LossSettings
+from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+from rredcot_cli.policy.logprobs import ForwardPass
 
 TOKENIZER = build_char_tokenizer()
 PROMPTS = [TOKENIZER(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -47,9 +49,10 @@ def _update(model, *, lr=1e-3, precision="fp32", micro=0, chunk=0, loss_agg="tok
         model, opt, sched,
         UpdateBatch(prompt_ids=PROMPTS, completion_ids=COMPLETIONS, advantages=_advantages(), pad_id=0,
                     sampler_logprobs=sampler),
-        UpdateHyper(updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg=loss_agg,
-                    max_tokens=12, sampler_correction=correction),
-        UpdateEngine(generator=torch.Generator().manual_seed(0), forward=forward, stepper=GradientStepper(prec, "cpu")))
+        UpdateHyper(updates_per_batch=updates, minibatch_size=4, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg=loss_agg, max_tokens=12), sampler_correction=correction),
+        UpdateEngine(generator=torch.Generator().manual_seed(0), forward=forward, stepper=GradientStepper(prec,
+                     "cpu")))
 
 
 def _moved(before, after):

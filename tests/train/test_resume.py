@@ -134,7 +134,8 @@ def test_resume_refuses_an_attempt_made_with_other_options(tmp_path):
 
 
 def test_resume_and_the_divergence_limit_do_not_change_the_run_identity():
-    from rredcot_cli.config.compose import compose, config_hash
+    from rredcot_cli.config.compose import compose
+    from rredcot_cli.store.hashing import config_hash
 
     plain = train._hashed_config(compose([]))
     resumed = train._hashed_config(compose(["train.resume=true", "train.max_nonfinite_updates=9"]))

@@ -102,7 +102,8 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
     probes = _duplicated_probes(traces)
     stats = {}
     if scorer == "packed":
-        scored = packed_probe_logprobs(small_model, traces, probes, max_row_tokens=40, rows_per_forward=2, stats=stats)
+        scored = packed_probe_logprobs(small_model, traces, probes, max_row_tokens=40, rows_per_forward=2,
+                                       stats=stats)
     else:
         scored = cached_probe_logprobs(small_model, traces, probes, traces_per_forward=2, row_tokens=12,
                                        max_probe_tokens=30, stats=stats)
@@ -125,7 +126,7 @@ def test_merged_probes_score_as_each_prefix_from_scratch(small_model, scorer):
 
 
 def test_micro_batches_sort_by_length_and_keep_the_budget():
-    from rredcot_cli.train.update import micro_batches
+    from rredcot_cli.policy.logprobs import micro_batches
 
     prompts = [[1] * n for n in (3, 5, 4, 2, 6, 3, 4)]
     completions = [[2] * n for n in (10, 2, 7, 30, 1, 5, 9)]
@@ -148,7 +149,9 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     import torch
 
     from rredcot_cli.policy.models import build_char_tokenizer
-    from rredcot_cli.train.update import ForwardPass, UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
+    from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.train.loss import LossSettings
 
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ["3+4\n", "ab\n", "7*2-1\n", "q\n", "x=3?\n", "9-9\n"]]
@@ -160,14 +163,15 @@ def _tiny_update(model, *, micro_tokens=0, old_from_sampler=False, sampler=None,
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     if sampler == "teacher-forced":
-        from rredcot_cli.train.update import chunked_completion_logprobs
+        from rredcot_cli.policy.logprobs import chunked_completion_logprobs
 
         sampler, _, _ = chunked_completion_logprobs(model, prompts, completions, 0, 6)
     stats = policy_update(
         model, opt, sched,
-        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0, sampler_logprobs=sampler),
-        UpdateHyper(updates_per_batch=updates, minibatch_size=4, clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                    max_tokens=12, old_from_sampler=old_from_sampler),
+        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=adv, pad_id=0,
+                    sampler_logprobs=sampler),
+        UpdateHyper(updates_per_batch=updates, minibatch_size=4, loss=LossSettings(clip_low=0.2, clip_high=0.2,
+                    loss_agg="token-mean", max_tokens=12), old_from_sampler=old_from_sampler),
         UpdateEngine(generator=torch.Generator().manual_seed(0),
                      forward=ForwardPass(chunk_tokens=5, micro_batch_tokens=micro_tokens)))
     return stats
@@ -222,7 +226,8 @@ def test_old_logprobs_auto_reuses_the_sampler_only_where_it_is_the_trained_model
     assert not old_from_sampler("auto", "vllm", "fp32", "none")
     assert not old_from_sampler("auto", "hf", "bf16-mixed", "none")
     assert not old_from_sampler("auto", "hf", "fp32", "token_truncate")
-    assert old_from_sampler("sampler", "vllm", "fp32", "none") and not old_from_sampler("recompute", "hf", "fp32", "none")
+    assert old_from_sampler("sampler", "vllm", "fp32", "none") and not old_from_sampler("recompute", "hf", "fp32",
+                            "none")
     with pytest.raises(ValueError, match="use recompute"):
         old_from_sampler("sampler", "hf", "fp32", "token_mask")
 

@@ -334,7 +334,7 @@ def test_mc_sampled_values_in_unit_interval_and_seeded(traces, policy):
 def test_loo_packed_scores_equal_scoring_the_shortened_text(traces, policy):
     """Each dropped-segment score must equal the forced answer scored after the text with that
     segment really deleted (run from scratch)."""
-    from rredcot_cli.policy.hf import completion_logprobs
+    from rredcot_cli.policy.logprobs import completion_logprobs
     from rredcot_cli.methods._attribution import reasoning_ends, segment_spans
     from rredcot_cli.methods.loo import loo_scores
     from rredcot_cli.methods.rredcot import answer_candidates
