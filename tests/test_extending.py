@@ -283,7 +283,7 @@ def test_jsonl_extractors_and_verifiers(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("settings", "message"), [
     ({"extractor": "regex"}, "benchmark.extractor=regex needs benchmark.answer_regex=PATTERN"),
     ({"extractor": "regex", "answer_regex": "("}, "benchmark.answer_regex='(': not a regular expression"),
-    ({"extractor": "xml"}, "benchmark.extractor=xml: expected one of boxed, last_number, regex, none"),
+    ({"extractor": "xml"}, "benchmark.extractor=xml: expected one of boxed, last_number, regex, answer_line, none"),
     ({"verifier": "fuzzy"}, "benchmark.verifier=fuzzy: expected one of math_verify, exact, numeric or a function"),
     ({"verifier": "no_such_mod:f"}, "benchmark.verifier=no_such_mod:f: cannot import no_such_mod: ModuleNotFoundError"),
     ({"options": {"colour": 1}}, "benchmark jsonl takes no option 'colour'"),
