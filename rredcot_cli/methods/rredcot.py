@@ -193,7 +193,9 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
     prefixes). ``batch.extras`` must hold ``gold_answers``, ``pred_answers`` and, for
-    answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template).
+    answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template); where
+    it holds ``decided_values`` (B, S), a non-NaN entry replaces the estimate at that boundary
+    (the module docstring's decided-prefix rule).
     Defaults of the keyword arguments live in ``RREDCoTParams``.
 
     A boundary the estimator has no evidence for (NaN) keeps the previous value, so its segment
