@@ -18,7 +18,7 @@ from rredcot_cli import credit as credit_api
 from rredcot_cli.credit import run_method as attribute, token_texts  # noqa: F401 (the stages' names for them)
 from rredcot_cli.errors import ConfigError
 from rredcot_cli.policy.base import SamplingParams
-from rredcot_cli.benchmarks.base import Benchmark, Problem, grade_completion
+from rredcot_cli.benchmarks.base import Benchmark, Problem, decided_outcome, grade_completion
 from rredcot_cli.methods.base import Credit, CreditBatch
 from rredcot_cli.policy.load import Policy, encode_prompt, format_prompt
 from rredcot_cli.rng import derive_seed
@@ -179,6 +179,7 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
         spans.append([(int(seg["token_start"]), int(seg["token_end"])) for seg in segs])
     group_index: dict[str, int] = {}
     group_ids = torch.tensor([group_index.setdefault(s["prompt_id"], len(group_index)) for s in samples], dtype=torch.long)
+    decided = decided_values(samples, by_key, benchmark)
     return credit_api.pack_credit_batch(
         torch.tensor([float(s["reward"]) for s in samples], dtype=torch.float32), group_ids, spans,
         [s["prompt_token_ids"] for s in samples], [s["completion_token_ids"] for s in samples],
@@ -191,8 +192,35 @@ def credit_batch(samples: list[dict], segments: list[dict], answer_probe: str | 
             # Benchmark name per row, so methods that verify new text (mc) can rebuild the verifier.
             "benchmarks": [s.get("benchmark") for s in samples],
             "benchmark": benchmark,
+            # (B, S): the verifier's verdict on each prefix S_1..S_K where grading already fixes
+            # it, NaN where not; None where the benchmark declares no decided outcomes.
+            "decided_values": decided,
         },
     )
+
+
+def decided_values(samples: list[dict], segments_by_key: dict[tuple[str, int], list[dict]],
+                   benchmark: Any) -> torch.Tensor | None:
+    """(B, S) float32: column k-1 holds ``decided_outcome`` of completion i's text through segment k
+    (the segments' texts joined), graded against its gold answer, NaN where undecided or past K_i.
+    None when ``benchmark`` declares no decided outcomes, so no method pays for the scan. Rows of
+    another benchmark (a mixed batch) stay NaN: their verifier is not the configured one."""
+    if getattr(benchmark, "decided_outcome", None) is None:
+        return None
+    rows = []
+    for sample in samples:
+        segs = sorted(segments_by_key[(sample["prompt_id"], int(sample["sample_idx"]))], key=lambda s: s["segment_idx"])
+        own = sample.get("benchmark") in (None, benchmark.name)
+        prefix, row = "", []
+        for seg in segs:
+            prefix += seg["text"]
+            outcome = decided_outcome(benchmark, prefix, sample["gold_answer"]) if own else None
+            row.append(float("nan") if outcome is None else float(outcome))
+        rows.append(row)
+    out = torch.full((len(rows), max((len(r) for r in rows), default=0)), float("nan"))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
 
 
 def segment_mean_advantages(token_advantages: torch.Tensor, batch: CreditBatch) -> torch.Tensor:

@@ -60,6 +60,20 @@ class StepCheckedBenchmark(Benchmark, Protocol):
         """Character spans [start, end) of the step lines in ``completion``, in order."""
 
 
+def decided_outcome(benchmark: Any, prefix: str, gold_answer: str) -> float | None:
+    """The reward every completion that starts with ``prefix`` will get, where the benchmark's
+    grading already fixes it; None where later text could still change it, and for every
+    benchmark that does not declare ``decided_outcome(prefix, gold_answer)``.
+
+    Only a benchmark whose grading is final once an answer is written may declare it (the
+    synthetic ones grade the first ``Answer:`` line); last-number or last-answer grading (GSM8K,
+    ``\\boxed{}``) may not, since a later answer replaces the earlier one. RREDCoT uses it as the
+    value of a decided prefix (``methods/rredcot.py``); it grades the prefix text against the gold
+    answer, never reads a completion's own reward."""
+    decide = getattr(benchmark, "decided_outcome", None)
+    return None if decide is None else decide(prefix, gold_answer)
+
+
 def _takes_truncated(fn: Any) -> bool:
     """Whether ``fn`` accepts a ``truncated`` keyword (benchmarks written before it do not)."""
     try:

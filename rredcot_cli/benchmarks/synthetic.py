@@ -187,6 +187,17 @@ class _SyntheticBase:
     def verify(self, completion: str, problem: Problem) -> float:
         return 1.0 if extract_answer(completion) == problem.gold_answer else 0.0
 
+    def decided_outcome(self, prefix: str, gold_answer: str) -> float | None:
+        """The reward of every completion that starts with ``prefix``, or None while undecided.
+
+        Grading reads the first ``Answer:`` line, so once that line is complete (a newline
+        follows it) nothing written later changes the reward; a last line without its newline is
+        still open ("Answer: 1" may go on to "Answer: 12")."""
+        complete = prefix[: prefix.rfind("\n") + 1]
+        if not any(line.strip().startswith(ANSWER_PREFIX) for line in complete.split("\n")):
+            return None
+        return 1.0 if extract_answer(complete) == gold_answer else 0.0
+
     def first_wrong_step(self, completion: str, problem: Problem) -> int | None:
         return first_wrong_line(completion, self.gold_lines(problem))
 

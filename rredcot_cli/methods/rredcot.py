@@ -37,6 +37,17 @@ The paper's advantage rule is not public; the three documented candidates are op
 RUDDER itself trains on the redistributed rewards' returns under PPO; with an optimal
 redistribution the expected future reward is 0, so the immediate reward is the return's only
 informative part, which is why ``immediate`` is the default.
+Deviation from the paper, whose values are all the model's own estimates: a prefix whose outcome
+the benchmark's grading has already fixed (``benchmarks.base.decided_outcome``: on the synthetic
+benchmarks, a prefix holding the complete first ``Answer:`` line) is valued at the verifier's
+verdict on the prefix text against the gold answer, whatever the estimator says
+(``batch.extras["decided_values"]``, filled by ``pipeline.credit_batch``). The outcome is then
+released on the segment that writes the graded answer, and the text after it (chain_tail's free
+Notes) gets exactly zero credit, as the Monte Carlo reference gives it; no estimator knew that the
+answer is final, so each released the outcome over the tail instead
+(results/where-credit-pays/B-embedded-headroom). The verdict is computed from text and gold answer,
+never from the trace's reward, so no value follows the own reward. Benchmarks that declare no
+decided outcomes (last-answer grading) are unaffected.
 Segment rewards are clipped to [-clip_reward, clip_reward] for the advantage only (0 = off); the
 credits written to artifacts are the unclipped r_k, so the telescoping sum holds for them.
 """
@@ -182,7 +193,9 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
 
     ``policy`` provides ``model``, ``tokenizer`` and ``device`` (the current policy scores its own
     prefixes). ``batch.extras`` must hold ``gold_answers``, ``pred_answers`` and, for
-    answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template).
+    answer_probe without ``probe_template``, ``answer_probe`` (the benchmark's template); where
+    it holds ``decided_values`` (B, S), a non-NaN entry replaces the estimate at that boundary
+    (the module docstring's decided-prefix rule).
     Defaults of the keyword arguments live in ``RREDCoTParams``.
 
     A boundary the estimator has no evidence for (NaN) keeps the previous value, so its segment
@@ -199,6 +212,7 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
                              probe_scoring=probe_scoring)
     estimates = estimator.fn(batch, policy, offsets, settings)
 
+    decided = (batch.extras or {}).get("decided_values")
     values = torch.full((B, S + 1), float("nan"))
     covered = torch.zeros(B, S, dtype=torch.bool)
     group_mean, _ = _group_mean(batch)
@@ -209,6 +223,9 @@ def rredcot(batch: CreditBatch, *, policy, value: str, advantage: str, mix_lambd
         inner = est[1:] if baseline == "estimator" else est
         values[i, 0] = v0 if not torch.isnan(torch.as_tensor(v0)) else group_mean[i]
         values[i, 1:K] = inner
+        if decided is not None:  # a prefix the verifier has already graded is worth its verdict
+            known = ~torch.isnan(decided[i, : K - 1])
+            values[i, 1:K][known] = decided[i, : K - 1][known]
         covered[i, : K - 1] = ~torch.isnan(values[i, 1:K])
         covered[i, K - 1] = K > 0  # V(S_K) is the observed reward
         values[i, K] = batch.rewards[i]

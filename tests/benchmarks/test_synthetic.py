@@ -338,3 +338,41 @@ def test_chain_tail_answer_probe_scores_the_answer_line_as_the_format_writes_it(
     assert gold[answer_line:].startswith(probe_text) and gold[answer_line + len(probe_text):].startswith("Note: ")
     _, chain_scored = probe_tokens(tok, ChainBenchmark.ANSWER_PROBE, problem.gold_answer)
     assert chain_scored[-1] == tok.eos_token_id and ChainBenchmark.ANSWER_PROBE == "Answer: {answer}{eos}"
+
+
+@pytest.mark.parametrize("prefix, expected", [
+    ("", None),
+    ("7+3=0\n0*4=0\n", None),  # steps only
+    ("7+3=0\nAnswer: 0", None),  # the Answer line is still open: "0" may become "07"
+    ("7+3=0\nAnswer: 0\n", 1.0),  # complete: graded now, whatever follows
+    ("7+3=0\nAnswer: 0\nNote: sun 3 cat dog\nAnswer: 5\n", 1.0),  # the first Answer line is graded
+    ("7+3=0\nAnswer: 5\nNote: red", 0.0),
+    ("7+3=0\n  Answer:  0 \nNote", 1.0),  # surrounding whitespace ignored, as the grader does
+    ("7+3=0\nAnswer:\nAnswer: 0\n", 0.0),  # an empty first answer is graded wrong
+])
+@pytest.mark.parametrize("cls", BENCHMARKS)
+def test_decided_outcome_is_the_grade_once_the_first_answer_line_is_complete(cls, prefix, expected):
+    assert cls().decided_outcome(prefix, "0") == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut=st.integers(0, 200), tail=st.text(alphabet="Answer: 0123456789\nNote", max_size=30))
+def test_a_decided_prefix_gets_the_grade_of_every_completion_that_extends_it(cut, tail):
+    """The rule's whole claim: where decided_outcome is not None, verify of any continuation
+    agrees with it."""
+    bench = ChainTailBenchmark(min_steps=3, max_steps=3)
+    problem = bench.load("test", 1)[0]
+    text = bench.solution(problem)
+    prefix = text[:cut]
+    decided = bench.decided_outcome(prefix, problem.gold_answer)
+    if decided is not None:
+        assert bench.verify(prefix + tail, problem) == decided
+
+
+def test_benchmarks_without_final_answers_declare_no_decided_outcome():
+    """Last-number grading (arith, GSM8K) and boxed answers can be replaced by later text."""
+    from rredcot_cli.benchmarks import make_benchmark
+    from rredcot_cli.benchmarks.base import decided_outcome
+
+    for name in ("arith", "gsm8k", "math500"):
+        assert decided_outcome(make_benchmark(name), "The answer is 4.\n#### 4\n", "4") is None

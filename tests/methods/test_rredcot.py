@@ -297,3 +297,86 @@ def test_identical_chains_get_exactly_zero_credit():
     credit = attribute(get_method("rredcot"), batch, params, {"policy": policy})
     assert torch.nan_to_num(credit.segment_credits).abs().max().item() == 0.0
     assert credit.token_advantages.abs().max().item() == 0.0
+
+
+@pytest.fixture
+def half_everywhere():
+    """A policy-free estimator that knows nothing: V = 0.5 at every prefix asked for."""
+    from rredcot_cli.values.registry import _REGISTRY, register_value_estimator
+
+    @register_value_estimator("half_everywhere_for_test")
+    def half(batch, policy, offsets, settings):
+        return [torch.full((len(offs),), 0.5) for offs in offsets]
+
+    yield "half_everywhere_for_test"
+    _REGISTRY.pop("half_everywhere_for_test")
+
+
+def rredcot_with(estimator, batch):
+    from rredcot_cli.methods.rredcot import RREDCoTParams, rredcot
+    from dataclasses import asdict
+
+    params = {**asdict(RREDCoTParams()), "value": estimator, "clip_reward": 0.0}
+    return rredcot(batch, policy=None, **params)
+
+
+def test_a_decided_prefix_is_worth_the_verdict_and_the_tail_gets_no_credit(half_everywhere):
+    # Completion 0 (R = 1): a step line, the Answer line, two Notes; completion 1 (R = 0): a step
+    # line, the Answer line, one Note. decided_values: NaN until the Answer line is complete.
+    nan = float("nan")
+    batch = batch_from_segments([1.0, 0.0], [0, 0], [[2, 1, 3, 2], [1, 2, 2]])
+    batch.extras = {"decided_values": torch.tensor([[nan, 1.0, 1.0, 1.0], [nan, 0.0, 0.0, nan]])}
+    credit = rredcot_with(half_everywhere, batch)
+    # V0 = group mean 0.5; V1 = the estimate 0.5; V2.. = the verdict; V_K = R.
+    assert torch.equal(credit.segment_values[0], torch.tensor([0.5, 1.0, 1.0, 1.0]))
+    assert torch.equal(credit.segment_values[1, :3], torch.tensor([0.5, 0.0, 0.0]))
+    assert torch.equal(credit.segment_credits[0], torch.tensor([0.0, 0.5, 0.0, 0.0]))
+    assert torch.equal(credit.segment_credits[1, :3], torch.tensor([0.0, -0.5, 0.0]))
+    tail = batch.segment_ids >= 2
+    assert torch.all(credit.token_advantages[tail] == 0)  # the free tail is trained by nothing
+    assert credit.segment_value_covered[0].all() and credit.segment_value_covered[1, :3].all()
+    # Without decided values the estimate stands and the outcome is released on the last Note.
+    batch.extras = {}
+    assert torch.equal(rredcot_with(half_everywhere, batch).segment_credits[0], torch.tensor([0.0, 0.0, 0.0, 0.5]))
+
+
+def chain_tail_rows(texts, rewards):
+    """Hand-made samples and newline segments of one chain_tail problem, one token per character."""
+    samples, segments = [], []
+    for i, (text, reward) in enumerate(zip(texts, rewards)):
+        ids = [ord(c) for c in text]
+        samples.append({"prompt_id": "chain_tail/test/0", "sample_idx": i, "prompt_token_ids": [1, 2],
+                        "completion_token_ids": ids, "completion_logprobs": [0.0] * len(ids), "reward": reward,
+                        "gold_answer": "0", "pred_answer": None, "benchmark": "chain_tail"})
+        start = 0
+        for k, line in enumerate(text.splitlines(keepends=True)):
+            segments.append({"prompt_id": "chain_tail/test/0", "sample_idx": i, "segment_idx": k,
+                             "token_start": start, "token_end": start + len(line), "text": line})
+            start += len(line)
+    return samples, segments
+
+
+def test_credit_batch_grades_each_prefix_from_its_text_never_from_the_reward(half_everywhere):
+    from rredcot_cli.benchmarks.synthetic import ChainBenchmark, ChainTailBenchmark
+    from rredcot_cli.pipeline import credit_batch
+
+    texts = ["7+3=0\nAnswer: 0\nNote: sun 3 cat dog\nNote: red 1 red red", "7+3=1\nAnswer: 1\nNote: sun 3 cat dog"]
+    samples, segments = chain_tail_rows(texts, [1.0, 0.0])
+    nan = float("nan")
+    batch = credit_batch(samples, segments, benchmark=ChainTailBenchmark())
+    expected = torch.tensor([[nan, 1.0, 1.0, 1.0], [nan, 0.0, 0.0, nan]])
+    assert torch.equal(batch.extras["decided_values"].isnan(), expected.isnan())
+    assert torch.equal(batch.extras["decided_values"].nan_to_num(-1), expected.nan_to_num(-1))
+    credit = rredcot_with(half_everywhere, batch)
+    assert torch.equal(credit.segment_credits[0], torch.tensor([0.0, 0.5, 0.0, 0.0]))
+    # Flip the rewards (a trace's own reward must move none of its inner values): only V_K moves.
+    flipped = credit_batch([{**s, "reward": 1.0 - s["reward"]} for s in samples], segments,
+                           benchmark=ChainTailBenchmark())
+    moved = rredcot_with(half_everywhere, flipped)
+    assert torch.equal(moved.segment_values[0, :3], credit.segment_values[0, :3])
+    assert torch.equal(moved.segment_values[1, :2], credit.segment_values[1, :2])
+    # Without the benchmark (or rows of another benchmark) nothing is decided.
+    assert credit_batch(samples, segments).extras["decided_values"] is None
+    other = [{**s, "benchmark": "chain"} for s in samples]
+    assert credit_batch(other, segments, benchmark=ChainTailBenchmark()).extras["decided_values"].isnan().all()
+    assert credit_batch(samples, segments, benchmark=ChainBenchmark()).extras["decided_values"].isnan().all()

@@ -82,3 +82,30 @@ python bench/tail_credit.py $R/segment/segments.parquet grpo=$R/attribute-grpo/g
   rredcot_answer_probe_eos=$R/attribute-rredcot-answer-probe-eos/rredcot --reference $R/mc-reference/*.parquet --batches 5 \
   --out $E/tail_credit.json
 # (estimators/ holds the three judges, their printed tables (*.log) and the three attributions, copied from $R)
+
+# --- 6. the decided-prefix rule (issue 37 item 4 / issue 39 item 5; decided/)
+# At the commit that adds it (branch decided-prefix): a prefix holding chain_tail's complete first
+# Answer line is valued at the verifier's verdict on that prefix (benchmarks.base.decided_outcome,
+# methods/rredcot.py), whatever the estimator says. The same committed traces, the same kept MC
+# reference and 5 batches; each of the three estimators now with the rule, then the tail figures.
+DD=$D/decided
+[ -d $R ] || cp -r $D/judge-traces $R
+for v in suffix_is answer_probe answer_share; do
+  t=decided-${v//_/-}
+  rredcot judge run.dir=$R $ex judge.batches=5 judge.reference_k=8 judge.reruns=1 'judge.methods=[rredcot]' run.tag=$t \
+    +judge.params.rredcot.value=$v 2>&1 | tee $R/judge-$t.log
+done
+rredcot attribute run.dir=$R $ex method=rredcot method.value=suffix_is method.is_self_normalised=false \
+  method.advantage=immediate method.baseline=group_mean method.clip_reward=1.0 method.is_boundaries=matched \
+  method.is_window=1 method.is_window_unit=segments method.is_clip=20.0 run.tag=rredcot-decided-suffix-is
+for v in answer_probe answer_share; do
+  rredcot attribute run.dir=$R $ex method=rredcot method.value=$v method.advantage=immediate method.baseline=group_mean \
+    method.clip_reward=1.0 run.tag=rredcot-decided-${v//_/-}
+done
+python bench/tail_credit.py $R/segment/segments.parquet grpo=$R/attribute-grpo/grpo \
+  rredcot_suffix_is_decided=$R/attribute-rredcot-decided-suffix-is/rredcot \
+  rredcot_answer_probe_decided=$R/attribute-rredcot-decided-answer-probe/rredcot \
+  rredcot_answer_share_decided=$R/attribute-rredcot-decided-answer-share/rredcot \
+  --reference $R/mc-reference/*.parquet --batches 5 --out $DD/tail_credit.json
+# (decided/ holds the three judges, their printed tables (*.log, from the "judge · " line on) and the three
+# attributions, copied from $R)
