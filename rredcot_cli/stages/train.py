@@ -18,6 +18,7 @@ seeds are derived from (seed, step), the resumed steps equal those of an uninter
 
 from __future__ import annotations
 
+import gc
 import json
 
 from omegaconf import DictConfig, OmegaConf
@@ -75,6 +76,14 @@ def run(cfg: DictConfig, overrides: list[str]) -> None:
             if parallel.is_main:
                 out.stopped(e.status, step=e.step, signal=e.signal_name)
             raise
+    # The data-parallel wrapper goes before the process group: DDP's C++ reducer holds the gloo
+    # group, and freeing it last (at this function's return, after destroy_process_group) runs
+    # the group's destructor with the GIL held while it joins a worker thread that needs the GIL
+    # to free a tensor of the last collective: a deadlock at exit, 1 run in 4 on this machine
+    # (py-spy: ~Reducer -> ~ProcessGroupGloo -> thread::join; pytorch/pytorch#56297). Freed here,
+    # the group outlives it and is destroyed by destroy_process_group, whose binding drops the GIL.
+    del trainer, fitted
+    gc.collect()
     parallel.barrier()
     # A vLLM engine under torchrun lives in the job's process group and tears it down when it
     # shuts down: shut it down here, after the last collective, not at interpreter exit.
