@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from rredcot_cli.metrics import mean_ci
 
-COLUMNS = ("value_spearman", "value_spearman_inner", "value_spearman_within", "credit_spearman",
+COLUMNS = ("value_spearman", "value_spearman_inner", "value_mse_inner", "value_spearman_within", "credit_spearman",
            "credit_spearman_within", "advantage_spearman_within", "value_coverage")
 CONTROLS = ("control:outcome", "control:baseline")
 
@@ -56,7 +56,7 @@ def compare(tables: dict[str, str]) -> dict:
     diffs = {}
     for label in tables:
         for control in CONTROLS:
-            for col in ("value_spearman_inner", "value_spearman_within"):
+            for col in ("value_spearman_inner", "value_mse_inner", "value_spearman_within"):
                 pairs = [named[label][b].get(col) - named[control][b].get(col) for b in named[label]
                          if b in named[control] and named[label][b].get(col) is not None
                          and named[control][b].get(col) is not None]
@@ -64,12 +64,19 @@ def compare(tables: dict[str, str]) -> dict:
     return {"rows": rows, "paired_differences": diffs}
 
 
-def fmt(s: dict) -> str:
+def fmt(s: dict, digits: int = 3) -> str:
     if not s.get("batches"):
         return "—"
     if s["low"] is None:
-        return f"{s['mean']:.3f} (1 batch)"
-    return f"{s['mean']:.3f} [{s['low']:.2f}, {s['high']:.2f}] ({s['batches']})"
+        return f"{s['mean']:.{digits}f} (1 batch)"
+    return f"{s['mean']:.{digits}f} [{s['low']:.{digits - 1}f}, {s['high']:.{digits - 1}f}] ({s['batches']})"
+
+
+# The table's columns: (header, column, digits); MSE (lower is better) needs more digits.
+TABLE = (("value ρ", "value_spearman", 3), ("value ρ inner", "value_spearman_inner", 3),
+         ("value MSE inner", "value_mse_inner", 4), ("value ρ \\| R", "value_spearman_within", 3),
+         ("credit ρ", "credit_spearman", 3), ("adv ρ \\| R", "advantage_spearman_within", 3),
+         ("coverage", "value_coverage", 3))
 
 
 def main() -> None:
@@ -78,14 +85,13 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     result = compare(dict(t.split("=", 1) for t in args.tables))
-    print("| values | value ρ | value ρ inner | value ρ \\| R | credit ρ | adv ρ \\| R | coverage |")
-    print("|---|---|---|---|---|---|---|")
+    print("| values | " + " | ".join(header for header, _, _ in TABLE) + " |")
+    print("|---" * (len(TABLE) + 1) + "|")
     for label, cols in result["rows"].items():
-        print(f"| {label} | " + " | ".join(fmt(cols[c]) for c in ("value_spearman", "value_spearman_inner",
-              "value_spearman_within", "credit_spearman", "advantage_spearman_within", "value_coverage")) + " |")
+        print(f"| {label} | " + " | ".join(fmt(cols[c], digits) for _, c, digits in TABLE) + " |")
     print()
     for key, s in result["paired_differences"].items():
-        print(f"{key}: {fmt(s)}")
+        print(f"{key}: {fmt(s, 4 if 'mse' in key else 3)}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -66,8 +66,8 @@ def decided_outcome(benchmark: Any, prefix: str, gold_answer: str) -> float | No
     benchmark that does not declare ``decided_outcome(prefix, gold_answer)``.
 
     Only a benchmark whose grading is final once an answer is written may declare it (the
-    synthetic ones grade the first ``Answer:`` line); last-number or last-answer grading (GSM8K,
-    ``\\boxed{}``) may not, since a later answer replaces the earlier one. RREDCoT uses it as the
+    synthetic ones and jsonl's ``answer_line`` extractor grade the first ``Answer:`` line);
+    last-number or last-answer grading (GSM8K, ``\\boxed{}``) may not, since a later answer replaces the earlier one. RREDCoT uses it as the
     value of a decided prefix (``methods/rredcot.py``); it grades the prefix text against the gold
     answer, never reads a completion's own reward."""
     decide = getattr(benchmark, "decided_outcome", None)

@@ -182,6 +182,20 @@ class JSONLBenchmark:
             return (last.group(1) if self._regex.groups else last.group(0)).strip()
         return completion.strip()
 
+    def decided_outcome(self, prefix: str, gold_answer: str) -> float | None:
+        """The reward of every completion that starts with ``prefix`` (``benchmarks.base.decided_outcome``),
+        or None while later text can still change it. Only ``answer_line`` grading is final before
+        the completion ends: once the first ``Answer:`` line is closed by its newline, nothing
+        written later changes the grade (an open line may still grow, "1" into "12"). Every other
+        extractor reads the last match of the whole completion, so nothing is decided early."""
+        if self.extractor != "answer_line":
+            return None
+        line = _ANSWER_LINE.search(prefix)
+        if line is None or not line.group("end"):
+            return None
+        gold = Problem(prompt_id="", question="", gold_answer=gold_answer)
+        return self.verify_answer(answer_line_number(prefix, truncated=True), gold)
+
     def verify(self, completion: str, problem: Problem, truncated: bool = False) -> float | None:
         """``verify_answer(extract_answer(completion, truncated), problem)``."""
         return self.verify_answer(self.extract_answer(completion, truncated=truncated), problem)

@@ -39,7 +39,8 @@ redistribution the expected future reward is 0, so the immediate reward is the r
 informative part, which is why ``immediate`` is the default.
 Deviation from the paper, whose values are all the model's own estimates: a prefix whose outcome
 the benchmark's grading has already fixed (``benchmarks.base.decided_outcome``: on the synthetic
-benchmarks, a prefix holding the complete first ``Answer:`` line) is valued at the verifier's
+benchmarks and under a jsonl benchmark's ``answer_line`` extractor, e.g. ``arith_multiline``, a
+prefix holding the complete first ``Answer:`` line) is valued at the verifier's
 verdict on the prefix text against the gold answer, whatever the estimator says
 (``batch.extras["decided_values"]``, filled by ``pipeline.credit_batch``). The outcome is then
 released on the segment that writes the graded answer, and the text after it (chain_tail's free

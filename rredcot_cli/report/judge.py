@@ -87,6 +87,13 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
       method without values, i.e. all NaN);
     - ``value_*_inner``: the same without the last segment, whose value is the observed reward
       for the reference and for every method that has values (agreement there is by definition);
+    - ``value_mse_inner``: the mean squared difference from the reference on those inner
+      boundaries. Unlike a rank correlation it scores calibration, and it compares fairly with
+      the outcome control: the reference's Monte Carlo noise is independent of every estimator
+      given the prefix (its continuations are fresh samples), so it adds the same constant to
+      every row's MSE and a paired difference of two rows estimates their difference in MSE
+      against the true value. The outcome control's MSE is then the outcome's own variance
+      p(1 - p) at the prefix, which a value estimate exists to remove;
     - ``credit_*``: the method's segment credit against the reference credit V(S_k) - V(S_{k-1});
     - with ``rewards`` (B,): ``value_spearman_within`` (inner values) and ``credit_spearman_within``,
       the same inside groups of completions with the same reward (``spearman_within``), where a
@@ -106,6 +113,8 @@ def agreement(segment_values: torch.Tensor, segment_credits: torch.Tensor, refer
         v, r = finite_pairs(segment_values, ref_values, mask)
         out[f"value_spearman{suffix}"] = spearman(v, r)
         out[f"value_pearson{suffix}"] = pearson(v, r)
+    v, r = finite_pairs(segment_values, ref_values, exists & not_last)
+    out["value_mse_inner"] = float(((v - r) ** 2).mean()) if v.numel() else None
     c, r = finite_pairs(segment_credits, ref_credits, exists)
     out["credit_spearman"] = spearman(c, r)
     out["credit_pearson"] = pearson(c, r)

@@ -396,7 +396,7 @@ def print_method_table(rows: list[dict], reference: dict, sample_stage: dict, co
                        reruns: int) -> None:
     table = Table(title=f"rredcot judge · {completions} completions, {segments} segments, {reruns} reruns",
                   show_header=True, header_style="bold")
-    for column in ["method", "value ρ / r", "value ρ inner", "value ρ | R", "credit ρ / r", "credit ρ | R",
+    for column in ["method", "value ρ / r", "value ρ inner", "value MSE inner", "value ρ | R", "credit ρ / r", "credit ρ | R",
                    "adv ρ | R", "coverage", "first error (chance)", "adv std", "seconds", "× sample", "fwd tokens",
                    "gen tokens"]:
         table.add_column(column, justify="left" if column == "method" else "right")
@@ -408,7 +408,7 @@ def print_method_table(rows: list[dict], reference: dict, sample_stage: dict, co
         table.add_row(
             row["method"],
             "—" if row["value_spearman"] is None else f"{row['value_spearman']:.3f} / {_num(row['value_pearson'])}",
-            _num(row["value_spearman_inner"]), _num(row["value_spearman_within"]),
+            _num(row["value_spearman_inner"]), _num(row["value_mse_inner"], 4), _num(row["value_spearman_within"]),
             f"{_num(row['credit_spearman'])} / {_num(row['credit_pearson'])}", _num(row["credit_spearman_within"]),
             _num(row["advantage_spearman_within"]), _num(row["value_coverage"], 2), first, _num(row["advantage_std"]),
             f"{row['seconds']:.2f}", _num(row["seconds_vs_sample"], 2),
@@ -419,14 +419,15 @@ def print_method_table(rows: list[dict], reference: dict, sample_stage: dict, co
              f"tokens" if sample_stage.get("seconds") else "; no sample-stage manifest"
     console.print(f"reference: MC, K={reference['k']} per boundary, {reference['seconds']:.1f}s, "
                   f"{reference.get('generated_tokens', 0):,} generated tokens{sample}. ρ Spearman, r Pearson; "
-                  "'inner' leaves out each completion's last segment (its value is the reward); "
-                  "'| R' ranks within completions of one reward (inner values), where control:outcome "
+                  "'inner' leaves out each completion's last segment (its value is the reward); MSE: mean "
+                  "squared difference from the reference there (lower is better); '| R' ranks within completions of one reward (inner values), where control:outcome "
                   "(V = own reward) carries nothing; control:baseline keeps V(S_0); "
                   "'const': credit constant within a completion, so it cannot localise (a tie is no hit).")
 
 
 # Columns of the batch table: (header, column, digits).
 BATCH_COLUMNS = [("value ρ", "value_spearman", 3), ("value ρ inner", "value_spearman_inner", 3),
+                 ("value MSE inner", "value_mse_inner", 4),
                  ("value ρ | R", "value_spearman_within", 3), ("credit ρ", "credit_spearman", 3),
                  ("credit ρ | R", "credit_spearman_within", 3), ("adv ρ | R", "advantage_spearman_within", 3),
                  ("coverage", "value_coverage", 2),
@@ -466,7 +467,8 @@ def print_batch_table(rows: list[dict], batches: int, completions: int, reruns: 
                 cells.append(f"{stat[0]:.{digits}f} ± {(stat[2] - stat[1]) / 2:.{digits}f}")
         table.add_row(method, *cells)
     print_table(table)
-    console.print("'inner': without each completion's last segment (its value is the reward); '| R': ranked within "
+    console.print("'inner': without each completion's last segment (its value is the reward); MSE: mean squared "
+                  "difference from the reference there (lower is better); '| R': ranked within "
                   "completions of one reward, where control:outcome (V = own reward) carries nothing; "
                   "control:baseline keeps V(S_0) until the reward; adv: each segment's mean token advantage (after "
                   "the advantage rule) against the reference credit; coverage: inner boundaries with evidence.")

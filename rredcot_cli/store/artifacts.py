@@ -201,6 +201,9 @@ CREDIT_QUALITY = pa.schema(
         _field("backward_tokens", pa.int64()),
         # share of inner boundaries whose value rested on evidence (null: the method reports none)
         _added_field("value_coverage", pa.float64()),
+        # mean squared difference from the reference values on inner boundaries (report/judge.py
+        # agreement); null without values, and in files written before it
+        _added_field("value_mse_inner", pa.float64()),
     ]
 )
 

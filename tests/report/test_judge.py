@@ -83,7 +83,7 @@ REFERENCE_CREDITS = torch.tensor([[-0.25, 0.5, 0.25], [-0.375, -0.125, NAN]])
 def test_agreement_of_the_reference_with_itself_is_one():
     values = torch.tensor([[0.25, 0.75, 1.0], [0.125, 0.0, NAN]])
     result = agreement(values, REFERENCE_CREDITS, REFERENCE, NUM_SEGMENTS)
-    assert result == pytest.approx({k: 1.0 for k in result})
+    assert result == pytest.approx({k: 0.0 if k == "value_mse_inner" else 1.0 for k in result})
 
 
 def test_agreement_hand_computed_all_and_inner_segments():
@@ -96,12 +96,14 @@ def test_agreement_hand_computed_all_and_inner_segments():
     # Without each last segment (the reward): pairs (0.75, 0.25), (0.25, 0.75), (0.5, 0.125):
     # ranks (3 1 2) vs (2 3 1) -> -1 / 2.
     assert result["value_spearman_inner"] == pytest.approx(-0.5)
+    # Squared differences there: 0.5^2, 0.5^2, 0.375^2 -> (0.25 + 0.25 + 0.140625) / 3.
+    assert result["value_mse_inner"] == pytest.approx(0.640625 / 3)
     # Credits 0.5 0.5 0.5 -1 -1 vs -0.25 0.5 0.25 -0.375 -0.125: ranks (4 4 4 1.5 1.5) vs (2 5 4 1 3),
     # both with mean 3: dx = (1 1 1 -1.5 -1.5), dy = (-1 2 1 -2 0): sxy = 5, sxx = 7.5, syy = 10.
     assert result["credit_spearman"] == pytest.approx(5 / math.sqrt(75))
     # An outcome-only method has no values: those correlations are undefined, not 0.
     none = agreement(torch.full((2, 3), NAN), credits, REFERENCE, NUM_SEGMENTS)
-    assert none["value_spearman"] is None and none["value_pearson_inner"] is None
+    assert none["value_spearman"] is None and none["value_pearson_inner"] is None and none["value_mse_inner"] is None
     assert none["credit_spearman"] == pytest.approx(result["credit_spearman"])
 
 
@@ -143,6 +145,8 @@ def test_controls_hand_computed():
     result = agreement(*control_values("outcome", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), NUM_SEGMENTS),
                        REFERENCE, NUM_SEGMENTS, torch.tensor([1.0, 0.0]))
     assert result["value_spearman_within"] == 0.0
+    # Its inner MSE: (1 - 0.25)^2, (1 - 0.75)^2, (0 - 0.125)^2 over 3 boundaries.
+    assert result["value_mse_inner"] == pytest.approx((0.5625 + 0.0625 + 0.015625) / 3)
     with pytest.raises(ValueError, match="unknown control"):
         control_values("oracle", rewards, groups, K)
 
@@ -297,7 +301,7 @@ def judged(tmp_path_factory):
 MEASURES_THAT_ARE_NOT_TIMES = ["method", "credit_constant", "value_spearman", "value_pearson", "value_spearman_inner",
                                "value_pearson_inner", "credit_spearman", "credit_pearson", "value_spearman_within",
                                "credit_spearman_within", "advantage_spearman", "advantage_spearman_within",
-                               "value_coverage", "first_error_rate",
+                               "value_coverage", "value_mse_inner", "first_error_rate",
                                "first_error_chance", "first_error_completions", "advantage_std", "forward_tokens",
                                "generated_tokens", "backward_tokens"]
 
