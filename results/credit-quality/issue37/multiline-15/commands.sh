@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The 15-batch multi-line judge (PLAN.md). Run from the repository root at commit 7114ecd or later.
+# OMP_NUM_THREADS=1; the machine ran the where-credit-pays study beside it (load ~2-3).
+set -euo pipefail
+export OMP_NUM_THREADS=1
+model="model=smollm2-135m-instruct model.chat_template=false benchmark=arith_multiline sampling.max_new_tokens=96"
+J=results/credit-quality/issue37/multiline-15
+split() {  # cut a sample+segment run into batches of 2 prompt groups: split SRC PREFIX BATCHES
+  python - "$@" <<'PY'
+import hashlib, json, os, shutil, sys
+import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
+src, prefix, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = pq.read_table(f"{src}/sample/samples.parquet"); g = pq.read_table(f"{src}/segment/segments.parquet")
+prompts = list(dict.fromkeys(s.column("prompt_id").to_pylist()))
+sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
+for b in range(batches):
+    d = f"{prefix}{b + 1}"; shutil.rmtree(d, ignore_errors=True)
+    for stage, table, name in (("sample", s, "samples.parquet"), ("segment", g, "segments.parquet")):
+        os.makedirs(f"{d}/{stage}")
+        for f in ("config.yaml", "manifest.json", "overrides.yaml"):
+            shutil.copy(f"{src}/{stage}/{f}", f"{d}/{stage}/{f}")
+        pq.write_table(table.filter(pc.is_in(table.column("prompt_id"), value_set=pa.array(prompts[2 * b:2 * b + 2]))), f"{d}/{stage}/{name}")
+    m = json.load(open(f"{d}/sample/manifest.json")); m["outputs"]["samples"]["sha256"] = sha(f"{d}/sample/samples.parquet")
+    json.dump(m, open(f"{d}/sample/manifest.json", "w"), indent=2)
+    m = json.load(open(f"{d}/segment/manifest.json")); m["inputs"]["samples"].update(path=f"{d}/sample/samples.parquet", sha256=sha(f"{d}/sample/samples.parquet"))
+    m["outputs"]["segments"]["sha256"] = sha(f"{d}/segment/segments.parquet"); json.dump(m, open(f"{d}/segment/manifest.json", "w"), indent=2)
+    print(d, sha(f"{d}/sample/samples.parquet"), sha(f"{d}/segment/segments.parquet"))
+PY
+}
+# --- batches 1-5: the first judge's traces again (seed 1, test split) and its kept MC references
+rredcot sample run.dir=runs/jd seed=1 $model sample.num_prompts=10 sampling.n=8
+rredcot segment run.dir=runs/jd seed=1 $model
+split runs/jd runs/jd-b 5
+for b in 1 2 3 4 5; do
+  mkdir -p runs/jd-b$b/mc-reference
+  cp results/credit-quality/issue37/multiline/judge/b$b/mc-reference/* runs/jd-b$b/mc-reference/
+done
+# --- batches 6-15: seed 2, the train split's first 20 questions
+rredcot sample run.dir=runs/jd2 seed=2 $model sample.split=train sample.num_prompts=20 sampling.n=8
+rredcot segment run.dir=runs/jd2 seed=2 $model
+split runs/jd2 runs/jd2-b 10
+# --- the judges, one batch at a time; the first of each batch computes (or reuses) the MC reference
+judge() {  # judge RUN SEED NAME
+  common="run.dir=$1 seed=$2 $model judge.batches=1 judge.reference_k=8 judge.reruns=1"
+  rredcot judge $common 'judge.methods=[grpo,rredcot]' run.tag=answer-probe
+  rredcot judge $common 'judge.methods=[rredcot]' run.tag=suffix-is +judge.params.rredcot.value=suffix_is
+  rredcot judge $common 'judge.methods=[rredcot]' run.tag=answer-share +judge.params.rredcot.value=answer_share
+  mkdir -p $J/judge/$3 && cp -r $1/judge-* $1/mc-reference $J/judge/$3/
+}
+for b in 1 2 3 4 5; do judge runs/jd-b$b 1 b$b > $J/logs/b$b.txt 2>&1; done
+for b in $(seq 1 10); do judge runs/jd2-b$b 2 b$((b + 5)) > $J/logs/b$((b + 5)).txt 2>&1; done
+tables() { for b in $(seq 1 15); do printf '%s,' $J/judge/b$b/judge-$1/credit_quality.parquet; done | sed 's/,$//'; }
+python bench/judge_compare.py answer_probe=$(tables answer-probe) suffix_is=$(tables suffix-is) \
+  answer_share=$(tables answer-share) --out $J/judge_compare.json | tee $J/judge_table.md
