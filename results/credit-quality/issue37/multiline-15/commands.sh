@@ -4,7 +4,7 @@
 set -euo pipefail
 export OMP_NUM_THREADS=1
 model="model=smollm2-135m-instruct model.chat_template=false benchmark=arith_multiline sampling.max_new_tokens=96"
-J=results/credit-quality/issue37/multiline-15
+J=results/credit-quality/issue37/multiline-15; mkdir -p $J/logs
 split() {  # cut a sample+segment run into batches of 2 prompt groups: split SRC PREFIX BATCHES
   python - "$@" <<'PY'
 import hashlib, json, os, shutil, sys
