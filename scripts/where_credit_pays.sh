@@ -56,7 +56,9 @@ PY
 
 status=$(proto status)
 if [[ $status != registered ]]; then
-  echo "error: setting $setting is registered as '$status' in $PROTOCOL (docs/studies/where-credit-pays.md says what it needs); run setting A" >&2
+  registered=$("$PYTHON" -c 'import json, sys; settings = json.load(open(sys.argv[1]))["settings"]
+print(", ".join(name for name, s in settings.items() if s["status"] == "registered"))' "$PROTOCOL")
+  echo "error: setting $setting is registered as '$status' in $PROTOCOL (docs/studies/where-credit-pays.md says what it needs); run a registered one: $registered" >&2
   exit 2
 fi
 case $phase in

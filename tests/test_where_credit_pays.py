@@ -47,9 +47,13 @@ def _commands(output: str, head: str) -> list[list[str]]:
     return [line.split() for line in output.splitlines() if line.split()[1:3] == head.split()]
 
 
-def test_the_dry_run_lists_the_registered_study(protocol):
-    setting = protocol["settings"]["A"]
-    result = dry_run("A")
+REGISTERED = [name for name, s in json.loads(PROTOCOL.read_text())["settings"].items() if s["status"] == "registered"]
+
+
+@pytest.mark.parametrize("name", REGISTERED)
+def test_the_dry_run_lists_the_registered_study(protocol, name):
+    setting = protocol["settings"][name]
+    result = dry_run(name)
     assert result.returncode == 0, result.stderr
     budget, arms, seeds = setting["budget"], setting["arms"], setting["eval_seeds"]
     assert len(seeds) == 20 and len(arms) == 2
@@ -69,14 +73,14 @@ def test_the_dry_run_lists_the_registered_study(protocol):
     expected = {(arm, seed) for arm in arms for seed in seeds}
     for train in trains:
         assert train[4:4 + len(budget)] == budget
-        arm = next(a for a in arms if f"run.dir={RESULTS}/A/runs/{a}-lrLR_FROM_SWEEP-seed" in " ".join(train))
+        arm = next(a for a in arms if f"run.dir={RESULTS}/{name}/runs/{a}-lrLR_FROM_SWEEP-seed" in " ".join(train))
         seed = int(next(t for t in train if t.startswith("seed=")).split("=")[1])
         assert train[4 + len(budget):4 + len(budget) + len(arms[arm])] == arms[arm]
         assert f"train.data_order_seed={seed}" in train and "train.resume=true" in train
         expected.discard((arm, seed))
     assert not expected, f"arm/seed pairs without a run: {sorted(expected)}"
 
-    verdicts = _commands(result.stdout, f"bench/paired_seeds.py {RESULTS}/A/runs")
+    verdicts = _commands(result.stdout, f"bench/paired_seeds.py {RESULTS}/{name}/runs")
     stats = protocol["statistics"]
     assert [v[v.index("--endpoint") + 1] for v in verdicts] == [protocol["endpoint"]["primary"], protocol["endpoint"]["secondary"]]
     for verdict in verdicts:
@@ -85,13 +89,14 @@ def test_the_dry_run_lists_the_registered_study(protocol):
         assert stats["primary_comparison"] in verdict
 
 
-def test_the_further_arms_dry_run(protocol):
-    result = dry_run("A", "further")
+@pytest.mark.parametrize("name", REGISTERED)
+def test_the_further_arms_dry_run(protocol, name):
+    result = dry_run(name, "further")
     assert result.returncode == 0, result.stderr
-    further = protocol["settings"]["A"]["further_arms"]
+    further = protocol["settings"][name]["further_arms"]
     assert f"further arms: {' '.join(further)};" in result.stdout
     trains = _commands(result.stdout, "-m rredcot_cli")
-    assert len(trains) == len(further) * len(protocol["settings"]["A"]["eval_seeds"])
+    assert len(trains) == len(further) * len(protocol["settings"][name]["eval_seeds"])
 
 
 def test_settings_registered_as_future_work_are_refused_in_one_line(protocol):
@@ -101,7 +106,9 @@ def test_settings_registered_as_future_work_are_refused_in_one_line(protocol):
             assert result.returncode == 2
             assert result.stderr.strip() == (f"error: setting {name} is registered as 'future work' in "
                                              "results/where-credit-pays/protocol.json (docs/studies/where-credit-pays.md "
-                                             "says what it needs); run setting A")
+                                             "says what it needs); run a registered one: "
+                                             + ", ".join(n for n, s in protocol["settings"].items()
+                                                         if s["status"] == "registered"))
 
 
 def _finished_run(train: Path, curve: dict) -> None:
