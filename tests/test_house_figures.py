@@ -27,4 +27,5 @@ def test_lengths_and_argument_counts_of_functions_and_methods(tmp_path):
         "        return a\n"
     )
     found = sorted(_figures().functions(package))
-    assert found == [(2, 0, "rredcot_cli/a.py:C.m.inner"), (2, 5, "rredcot_cli/a.py:f"), (4, 3, "rredcot_cli/a.py:C.m")]
+    module = f"{package.name}/a.py"  # a path of the hand-made tree, not of the repository
+    assert found == [(2, 0, f"{module}:C.m.inner"), (2, 5, f"{module}:f"), (4, 3, f"{module}:C.m")]
