@@ -48,6 +48,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from measure import (PhaseMeter, cpuinfo, mem_total_bytes, metered_stepper, one_update, optimizer_as_trained,
+                     prime_moments, proc_status, reset_peak_rss)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODELS = {  # name -> folder holding the config.json the model is built from
@@ -178,71 +181,6 @@ def plan(name: str) -> list[Point]:
 # --------------------------------------------------------------------------- the child process
 
 
-def _proc_status(field_name: str) -> int:
-    """A ``VmXXX`` field of /proc/self/status in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field_name)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _proc_status("VmHWM") <= _proc_status("VmRSS") + (1 << 20)
-
-
-class PhaseMeter:
-    """Resident high-water mark of each phase of an update: ``mark(name)`` closes the phase that
-    ran since the previous mark (its peak is kept, the maximum over repeats) and starts the next."""
-
-    def __init__(self) -> None:
-        self.peaks: dict[str, int] = {}
-        _reset_peak_rss()
-
-    def mark(self, name: str) -> None:
-        self.peaks[name] = max(self.peaks.get(name, 0), _proc_status("VmHWM"))
-        _reset_peak_rss()
-
-
-def _instrument(phases: PhaseMeter, stepper_cls, record: dict):
-    """A ``GradientStepper`` subclass and a wrapper of the old-log-prob pre-pass that only call
-    ``phases.mark`` around the real ones, so policy_update runs unchanged and each phase's
-    peak is seen: prepass, forward (a micro-batch's forward and loss), backward, step (gradient
-    clipping and AdamW). It also records the gradient bytes allocated when the step begins
-    (``grad_bytes_at_step``: G, since policy_update frees the gradients after its last step)."""
-    from rredcot_cli.train import update
-
-    real_prepass = update.chunked_completion_logprobs
-
-    def prepass(*args, **kwargs):
-        phases.mark("other")
-        out = real_prepass(*args, **kwargs)
-        phases.mark("prepass")
-        return out
-
-    update.chunked_completion_logprobs = prepass
-
-    class MeasuredStepper(stepper_cls):
-        def backward(self, loss):
-            phases.mark("forward")
-            super().backward(loss)
-            phases.mark("backward")
-
-        def step(self, optimizer, parameters, grad_clip):
-            phases.mark("other")
-            record["grad_bytes_at_step"] = sum(p.grad.numel() * p.grad.element_size() for p in parameters
-                                               if p.grad is not None)
-            result = super().step(optimizer, parameters, grad_clip)
-            phases.mark("step")
-            return result
-
-    return MeasuredStepper
-
-
 def _sdpa_kernels(model, autocast) -> list[str]:
     """The aten attention kernels a short forward of ``model`` runs (after the measurement)."""
     import torch
@@ -263,16 +201,16 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # the model is prepared, scored and stepped as the train stage does it (bench/measure.py says
+    # why one update reaches into rredcot_cli.train)
     from rredcot_cli.train import trainable
-    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, lr_lambda, policy_update
+    from rredcot_cli.train.precision import GradientStepper, resolve_precision
     from rredcot_cli.policy.logprobs import ForwardPass
-    from rredcot_cli.train.loss import LossSettings
 
     import peft  # noqa: F401 - imported up front so rss_imports includes it for every point
 
     opts = OPTION_SETS[point.options]
-    record.update(stage="imports", rss_imports=_proc_status("VmRSS"))
+    record.update(stage="imports", rss_imports=proc_status("VmRSS"))
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(MODELS[point.model])
     config.num_hidden_layers = point.layers
@@ -287,30 +225,21 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     forward = ForwardPass(chunk_tokens=opts.logprob_chunk_tokens, micro_batch_size=opts.micro_batch_size,
                           autocast=autocast)
     phases = PhaseMeter()
-    stepper = _instrument(phases, GradientStepper, record)(precision, "cpu")
+    stepper = metered_stepper(phases, GradientStepper, record)(precision, "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    if point.adamw_foreach:  # what the train stage built on CUDA before 1aa4279 (torch's CUDA default)
-        optimizer = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, foreach=True)
-    else:  # as the train stage builds it: on CPU, or (adamw_fused) on CUDA, here with CPU tensors
-        optimizer = make_optimizer(model, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0,
-                                   device="cuda" if point.adamw_fused else "cpu")
+    # make_optimizer(device="cuda") is the fused AdamW the train stage builds on CUDA, here on CPU tensors
+    optimizer, scheduler = optimizer_as_trained(model, 1e-6, "cuda" if point.adamw_fused else "cpu",
+                                                foreach=point.adamw_foreach)
     record["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 1))
-    # Allocate AdamW's moments as every update after a run's first one finds them: one step on
-    # zero gradients (moments stay zero, the weights do not move), then drop the gradients.
     record["stage"] = "setup"
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    gc.collect()
+    prime_moments(optimizer, params)
     unique = {id(p): p for p in model.parameters()}.values()
     record.update(
         params_total=sum(p.numel() for p in unique), params_trainable=sum(p.numel() for p in params),
         param_bytes=sum(p.numel() * p.element_size() for p in unique),
         optimizer_state_bytes=sum(t.numel() * t.element_size() for s in optimizer.state.values()
                                   for t in s.values() if torch.is_tensor(t)),
-        rss_setup=_proc_status("VmRSS"), vm_setup=_proc_status("VmSize"), peak_setup=_proc_status("VmHWM"),
+        rss_setup=proc_status("VmRSS"), vm_setup=proc_status("VmSize"), peak_setup=proc_status("VmHWM"),
         checkpointing_active=trainable.checkpointing_active(model))
 
     gen = torch.Generator().manual_seed(seed)
@@ -320,20 +249,18 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     advantages = torch.randn(point.rows, completion, generator=gen)
     record["rows_per_pass"] = forward.rows_per_pass(point.rows)
 
+    batch = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "advantages": advantages, "pad_id": PAD_ID,
+             "max_tokens": completion}
+
     def update():
-        return policy_update(
-            model, optimizer, scheduler,
-            UpdateBatch(prompt_ids=prompt_ids, completion_ids=completion_ids, advantages=advantages, pad_id=PAD_ID),
-            UpdateHyper(updates_per_batch=1, minibatch_size=point.rows, loss=LossSettings(clip_low=0.2, clip_high=0.2,
-                        loss_agg="token-mean", max_tokens=completion)),
-            UpdateEngine(generator=torch.Generator().manual_seed(seed), forward=forward, stepper=stepper))
+        return one_update(model, optimizer, scheduler, batch, forward, stepper, torch.Generator().manual_seed(seed))
 
     for i in range(point.updates - 1):  # earlier updates of a run, not measured
         record["stage"] = f"update {i + 1} (not measured)"
         update()
         gc.collect()
-    record["rss_before_update"] = _proc_status("VmRSS")
-    record["hwm_reset"] = _reset_peak_rss()
+    record["rss_before_update"] = proc_status("VmRSS")
+    record["hwm_reset"] = reset_peak_rss()
     record["stage"] = "update"
     phases.peaks.clear()
     started = time.perf_counter()
@@ -341,7 +268,7 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     seconds = time.perf_counter() - started
     phases.mark("other")
     record.update(update_seconds=seconds, peak_update=max(phases.peaks.values()), phase_peaks=phases.peaks,
-                  rss_after=_proc_status("VmRSS"), updates_taken=stats.updates, loss=stats.loss,
+                  rss_after=proc_status("VmRSS"), updates_taken=stats.updates, loss=stats.loss,
                   # after the update: 0 since 1aa4279 (policy_update frees them); G at the step is
                   # grad_bytes_at_step
                   grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None))
@@ -381,11 +308,8 @@ def machine_info(cap_bytes: int) -> dict:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-               if line.startswith("MemTotal"))
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_total_bytes": mem, "platform": platform.platform(),
+    return {"cpu": cpuinfo().get("model name", platform.processor()), "cores": os.cpu_count(),
+            "mem_total_bytes": mem_total_bytes(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__,
             "peft": peft.__version__, "address_space_cap_bytes": cap_bytes, "malloc_env": MALLOC_ENV}
