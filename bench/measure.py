@@ -225,7 +225,7 @@ def finite(x):
         return None
     if isinstance(x, dict):
         return {k: finite(v) for k, v in x.items()}
-    if isinstance(x, list):
+    if isinstance(x, (list, tuple)):
         return [finite(v) for v in x]
     return x
 
