@@ -51,6 +51,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
+    # the checkpoint writer and the loop's per-step recorder are timed where they run: no public
+    # seam times a write inside a run
     from rredcot_cli.train import checkpoint
 
     per_step: dict[int, dict] = {}

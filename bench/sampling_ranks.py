@@ -94,6 +94,7 @@ def driver(args) -> None:
     from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.stages.common import make_benchmark, prompts_per_call
+    # the train stage's process group and sharding: what is measured is sampling as train shards it
     from rredcot_cli.train import distributed
 
     torch.set_num_threads(1)

@@ -118,6 +118,8 @@ def _install(recorder: Recorder, profile_step: int, profile_out: Path | None) ->
     import torch.distributed as dist
 
     from rredcot_cli.policy.hf import HFBackend
+    # steptime.PHASE_OBSERVERS is the loop's public seam; the stepper and the data-parallel group
+    # are wrapped because no seam sees backward, the optimizer step or a collective
     from rredcot_cli.train import distributed, steptime
     from rredcot_cli.train.precision import GradientStepper
 

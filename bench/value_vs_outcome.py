@@ -37,7 +37,7 @@ import torch
 
 from rredcot_cli.metrics import mean_ci
 from rredcot_cli.report.judge import CONTROLS, agreement, control_values
-from rredcot_cli.train.distributed import split_evenly
+from rredcot_cli.train.distributed import split_evenly  # how `rredcot judge` cuts its batches
 
 TOLERANCE = 0.05
 MEASURES = ("own_reward_share", "off_baseline_share", "later_zero_share")
