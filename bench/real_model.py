@@ -6,7 +6,7 @@
     python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/studies/real-model-speed.md
     python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
 
-What it measures, every figure with the CPU other processes used meanwhile (bench/scaling.py's
+What it measures, every figure with the CPU other processes used meanwhile (bench/measure.py's
 LoadWatcher, ``others_cores``; above 0.15 cores a figure is a busy machine's) and this run's own
 CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for a core):
 
@@ -41,7 +41,7 @@ CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for 
 4. Where the time and memory go: ``--profile-driver`` (own process) loads the model as the train
    stage does, primes AdamW, and runs ``update.policy_update`` on the first ``--profile-rows`` rows
    of one saved step (``updates_per_batch=1``), once timed (forward / backward / optimizer step,
-   resident peaks per phase through bench/memory.py's PhaseMeter) and once under torch.profiler
+   resident peaks per phase through bench/measure.py's PhaseMeter) and once under torch.profiler
    (the ops with the most self time), then profiles a short HF-backend decode (8 prompts x 4
    samples, ``--profile-decode-tokens`` new tokens).
 

@@ -36,7 +36,7 @@ driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (
 constructor alone).
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
-(bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
+(bench/measure.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
 machine's, and the markdown says so.
 """
 
