@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measure import one_update, optimizer_as_trained
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -307,7 +309,6 @@ def check_memory(device: str, quick: bool) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from measure import one_update, optimizer_as_trained
     from rredcot_cli.policy.logprobs import ForwardPass
     # the model is prepared and stepped as the train stage does it (bench/measure.py says why one
     # update reaches into rredcot_cli.train)
