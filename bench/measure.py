@@ -319,6 +319,17 @@ def prime_moments(optimizer, params) -> None:
     gc.collect()
 
 
+def state_bytes(model, optimizer) -> tuple[int, int]:
+    """Bytes of the model's parameters (a tied weight once) and of the optimizer's state tensors."""
+    # torch is imported here, as in optimizer_as_trained
+    import torch
+
+    unique = {id(p): p for p in model.parameters()}.values()
+    return (sum(p.numel() * p.element_size() for p in unique),
+            sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t)))
+
+
 def one_update(model, optimizer, scheduler, batch: dict, forward, stepper, generator=None):
     """``policy_update`` on ``batch`` (prompt_ids, completion_ids, advantages, pad_id, max_tokens
     and optionally sampler_logprobs) as one minibatch, one pass: PPO's clip 0.2 either side,

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from measure import (PhaseMeter, cpuinfo, mem_total_bytes, metered_stepper, one_update, optimizer_as_trained,
-                     prime_moments, proc_status, reset_peak_rss)
+                     prime_moments, proc_status, reset_peak_rss, state_bytes)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -233,12 +233,11 @@ def measure(point: Point, record: dict, seed: int = 0) -> None:
     record["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
     record["stage"] = "setup"
     prime_moments(optimizer, params)
-    unique = {id(p): p for p in model.parameters()}.values()
+    param_bytes, optimizer_state_bytes = state_bytes(model, optimizer)
     record.update(
-        params_total=sum(p.numel() for p in unique), params_trainable=sum(p.numel() for p in params),
-        param_bytes=sum(p.numel() * p.element_size() for p in unique),
-        optimizer_state_bytes=sum(t.numel() * t.element_size() for s in optimizer.state.values()
-                                  for t in s.values() if torch.is_tensor(t)),
+        params_total=sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+        params_trainable=sum(p.numel() for p in params), param_bytes=param_bytes,
+        optimizer_state_bytes=optimizer_state_bytes,
         rss_setup=proc_status("VmRSS"), vm_setup=proc_status("VmSize"), peak_setup=proc_status("VmHWM"),
         checkpointing_active=trainable.checkpointing_active(model))
 

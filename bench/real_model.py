@@ -67,7 +67,7 @@ import pyarrow.parquet as pq
 
 from measure import (QUIET_CORES, LoadWatcher, PhaseMeter, busy, commit, cpuinfo, finite, git, machine,
                      mean_step, metered_stepper, one_update, optimizer_as_trained, prime_moments, proc_status,
-                     result_line, run_watched, train_steps, vllm_importable)
+                     result_line, run_watched, state_bytes, train_steps, vllm_importable)
 
 
 HERE = Path(__file__).resolve().parent
@@ -331,9 +331,7 @@ def profile_driver(args: argparse.Namespace) -> None:
     optimizer, scheduler = optimizer_as_trained(model, 3e-5, "cpu")
     prime_moments(optimizer, [p for p in model.parameters() if p.requires_grad])
     rec["rss_setup"] = proc_status("VmRSS")
-    rec["param_bytes"] = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-    rec["adam_state_bytes"] = sum(t.numel() * t.element_size() for s in optimizer.state.values()
-                                  for t in s.values() if torch.is_tensor(t))
+    rec["param_bytes"], rec["adam_state_bytes"] = state_bytes(model, optimizer)
 
     step_dir = Path(args.rollout)
     samples = pq.read_table(step_dir / "sample" / "samples.parquet").to_pylist()

@@ -88,3 +88,15 @@ def test_phase_meter_sees_a_freed_spike_in_its_phase_only(measure):
     meter.mark("quiet")
     assert meter.peaks["spike"] >= start + 0.9 * size
     assert meter.peaks["quiet"] < meter.peaks["spike"] - 0.5 * size
+
+
+def test_state_bytes_counts_a_shared_weight_once(measure):
+    import torch  # here: the other tests of this file need no torch
+
+    layer = torch.nn.Linear(3, 2)  # 6 weights + 2 biases, float32: 32 bytes
+    model = torch.nn.ModuleDict({"encoder": layer, "head": layer})  # one layer, tied: held twice
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert measure.state_bytes(model, optimizer) == (32, 0)  # no state before a step
+    layer(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    assert measure.state_bytes(model, optimizer) == (32, 32)  # one momentum buffer per parameter
