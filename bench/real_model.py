@@ -106,14 +106,13 @@ def model_shapes(model_path: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli.policy.models import resolve_model_path
+    from rredcot_cli.policy.models import count_parameters, resolve_model_path
 
     folder = resolve_model_path(model_path)
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    unique = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in unique)
+    total = count_parameters(model)
     embedding = model.get_input_embeddings().weight.numel()
     head = model.get_output_embeddings().weight
     tied = head is model.get_input_embeddings().weight
