@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from memory import _proc_status  # bench/memory.py: a /proc/self/status field in bytes
+from measure import proc_status, reset_peak_rss
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,15 +66,15 @@ def main() -> None:
     sampling = [(-torch.rand(T, generator=g) * 3).tolist() for _ in range(n)]
     rewards = [float(i % 2) for i in range(n)]
     stats: dict = {}
-    Path("/proc/self/clear_refs").write_text("5")
-    rss_before = _proc_status("VmRSS")
+    reset_peak_rss()
+    rss_before = proc_status("VmRSS")
     usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     values = suffix_is_values(model, traces, [P] * n, boundaries, sampling, rewards, [0] * n, matched=True, window=1,
                               window_unit="segments", self_normalised=True, clip=20.0, stats=stats)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
-    peak = _proc_status("VmHWM")
+    peak = proc_status("VmHWM")
     tree = Path(rredcot_cli.__file__).resolve().parent.parent
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
     record = {

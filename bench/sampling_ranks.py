@@ -17,7 +17,7 @@ world sizes for a backend (``same_token_counts_across_world_sizes`` compares the
 counts), not across backends.
 
 ``others_cores``: CPU (in cores) used by processes outside the bench while a case ran
-(bench/scaling.py's LoadWatcher). On this 2-core machine world size 2 puts a rank on each core,
+(bench/measure.py's LoadWatcher). On this 2-core machine world size 2 puts a rank on each core,
 so anything else running takes from it; the markdown (docs/vllm-ddp.md) labels busy numbers.
 """
 
@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from measure import LoadWatcher
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def main() -> None:
@@ -49,8 +50,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.driver:
         return driver(args)
-
-    from bench.scaling import LoadWatcher
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +94,7 @@ def driver(args) -> None:
     from rredcot_cli.config.schema import BackendConfig, ModelConfig
     from rredcot_cli.policy.load import load_policy
     from rredcot_cli.stages.common import make_benchmark, prompts_per_call
+    # the train stage's process group and sharding: what is measured is sampling as train shards it
     from rredcot_cli.train import distributed
 
     torch.set_num_threads(1)

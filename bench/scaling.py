@@ -53,15 +53,14 @@ import datetime as dt
 import functools
 import json
 import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from measure import QUIET_CORES, bench_command, loadavg, machine, run_watched, write_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -119,6 +118,8 @@ def _install(recorder: Recorder, profile_step: int, profile_out: Path | None) ->
     import torch.distributed as dist
 
     from rredcot_cli.policy.hf import HFBackend
+    # steptime.PHASE_OBSERVERS is the loop's public seam; the stepper and the data-parallel group
+    # are wrapped because no seam sees backward, the optimizer step or a collective
     from rredcot_cli.train import distributed, steptime
     from rredcot_cli.train.precision import GradientStepper
 
@@ -214,87 +215,6 @@ def driver(args: argparse.Namespace) -> None:
 
 
 # =========================================================================== the bench
-
-
-def machine() -> dict:
-    text = Path("/proc/cpuinfo").read_text()
-    first = text.split("\n\n")[0]
-    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    import torch
-
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal"))
-    return {
-        "cpu_model": fields.get("model name"), "logical_cpus": text.count("processor\t:"),
-        "os_cpu_count": os.cpu_count(), "cpu_mhz": fields.get("cpu MHz"), "cache_size": fields.get("cache size"),
-        "flags_avx512f": "avx512f" in fields.get("flags", ""), "flags_amx": "amx_tile" in fields.get("flags", ""),
-        "mem_gb": round(mem_kb / 2**20, 1), "python": platform.python_version(), "torch": torch.__version__,
-        "torch_threads_default": torch.get_num_threads(), "kernel": platform.release(),
-    }
-
-
-class LoadWatcher:
-    """Every ``period`` s: /proc/loadavg, and the CPU (in cores) used by processes outside this
-    bench's process tree, from the utime+stime deltas in /proc/<pid>/stat."""
-
-    def __init__(self, period: float = 3.0) -> None:
-        self.period, self.samples, self.stop_event = period, [], threading.Event()
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    @staticmethod
-    def _procs() -> dict[int, tuple[int, int, str]]:
-        out = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            name = raw[raw.index("(") + 1 : raw.rindex(")")]
-            rest = raw[raw.rindex(")") + 2 :].split()
-            out[int(entry)] = (int(rest[1]), int(rest[11]) + int(rest[12]), name)  # ppid, utime+stime, comm
-        return out
-
-    def _ours(self, procs) -> set[int]:
-        ours, me = set(), os.getpid()
-        for pid in procs:
-            p, seen = pid, 0
-            while p and p in procs and seen < 64:
-                if p == me:
-                    ours.add(pid)
-                    break
-                p, seen = procs[p][0], seen + 1
-        return ours
-
-    def _loop(self) -> None:
-        before, t_before = self._procs(), time.monotonic()
-        while not self.stop_event.wait(self.period):
-            now, t_now = self._procs(), time.monotonic()
-            ours = self._ours(now)
-            elapsed = (t_now - t_before) * self.tick
-            other, mine, hogs = 0.0, 0.0, {}
-            for pid, (_, ticks, name) in now.items():
-                delta = (ticks - before[pid][1]) / elapsed if pid in before else 0.0
-                if pid in ours:
-                    mine += delta
-                else:
-                    other += delta
-                    if delta > 0.1:
-                        hogs[f"{pid}:{name}"] = round(delta, 2)
-            self.samples.append({"t": round(time.time(), 1), "loadavg": Path("/proc/loadavg").read_text().split()[:3],
-                                 "ours_cores": round(mine, 2), "others_cores": round(other, 2), "others": hogs})
-            before, t_before = now, t_now
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop_event.set()
-        self.thread.join()
 
 
 def point_command(world: int, threads: int, mode: str, method: str, steps: int, run_dir: Path, events: Path,
@@ -398,21 +318,11 @@ def run_point(spec: dict, steps: int, profile_step: int, work: Path, extra: list
     run_dir, events = work / name / "run", work / name / "events"
     cmd, env = point_command(spec["world"], spec["threads"], spec["mode"], spec["method"], steps, run_dir, events,
                              profile_step, extra)
-    print(f"[{dt.datetime.now():%H:%M:%S}] {name}: {shlex.join(cmd)}", flush=True)
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
-    t0 = time.perf_counter()
-    with LoadWatcher() as watcher:
-        proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    result = {**spec, "name": name, "command": "OMP_NUM_THREADS={0} MKL_NUM_THREADS={0} ".format(spec["threads"])
-              + shlex.join(cmd).replace(sys.executable, "python"), "returncode": proc.returncode,
-              "wall_s": wall, "loadavg_before": load_before, "load_samples": watcher.samples}
-    others = [s["others_cores"] for s in watcher.samples]
-    result["others_cores_mean"] = statistics.fmean(others) if others else None
-    result["others_cores_max"] = max(others) if others else None
+    load_before = loadavg()
+    proc, info, watcher = run_watched(cmd, env, name)
+    result = {**spec, "name": name, **info, "command": "OMP_NUM_THREADS={0} MKL_NUM_THREADS={0} ".format(spec["threads"])
+              + info["command"], "loadavg_before": load_before, "load_samples": watcher.samples}
     if proc.returncode != 0:
-        result["stderr_tail"] = proc.stderr[-4000:]
-        print(f"  FAILED rc={proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
         return result
     from rredcot_cli.store import metrics_log
 
@@ -473,7 +383,7 @@ def add_scaling(results: list[dict]) -> None:
 
 def write_md(data: dict, path: Path) -> None:
     rows = [r for r in data["results"] if r.get("returncode") == 0]
-    shared = any((r.get("others_cores_mean") or 0) > 0.15 for r in data["results"])
+    shared = any((r.get("others_cores_mean") or 0) > QUIET_CORES for r in data["results"])
     L = []
     L.append("# Data-parallel scaling of `rredcot train` on a 2-core CPU\n")
     L.append(f"Measured {data['date']} with `bench/scaling.py` (raw numbers: `results/scaling/scaling.json`). "
@@ -567,17 +477,15 @@ def main() -> None:
         points = [p for p in points if f"w{p['world']}-t{p['threads']}-{p['mode']}-{p['method']}" in wanted]
     data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "steps": args.steps,
             "seed": 0, "profile_step": args.profile_step,
-            "bench_command": shlex.join(["python", "bench/scaling.py", *sys.argv[1:]]),
-            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3], "results": []}
+            "bench_command": bench_command("scaling.py"), "loadavg_start": loadavg(), "results": []}
     t0 = time.perf_counter()
     for spec in points:
         data["results"].append(run_point(spec, args.steps, args.profile_step, work, args.overrides))
         add_scaling(data["results"])
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(data, indent=1))
-    data["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        write_json(Path(args.out), data)
+    data["loadavg_end"] = loadavg()
     data["total_wall_s"] = time.perf_counter() - t0
-    Path(args.out).write_text(json.dumps(data, indent=1))
+    write_json(Path(args.out), data)
     write_md(data, Path(args.md))
     print(f"wrote {args.out} and {args.md} in {data['total_wall_s'] / 60:.1f} min")
 

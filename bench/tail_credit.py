@@ -36,7 +36,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from rredcot_cli.metrics import mean_ci
-from rredcot_cli.train.distributed import split_evenly
+from rredcot_cli.train.distributed import split_evenly  # how `rredcot judge` cuts its batches
 
 ANSWER_PREFIX = "Answer:"
 

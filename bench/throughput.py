@@ -36,7 +36,7 @@ driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (
 constructor alone).
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
-(bench/scaling.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
+(bench/measure.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
 machine's, and the markdown says so.
 """
 
@@ -46,25 +46,23 @@ import argparse
 import datetime as dt
 import json
 import os
-import resource
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from measure import (QUIET_CORES, bench_command, commit, git, machine, mean_step, result_line, run_watched,
+                     train_steps, vllm_importable, write_json)
+
+from rredcot_cli.store.artifacts import PHASES
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-PHASES = ("sampling", "segment", "credit", "old_logprobs", "ref_logprobs", "update", "refresh", "eval")
 DECODE_CASES = {"default": {"steps": None, "max_new_tokens": 256}, "long": {"steps": 130, "max_new_tokens": 1024},
                 # the --long-model case; 1,264 = conf/experiment/long_chains.yaml's sampling.max_new_tokens
                 "long-model": {"steps": None, "max_new_tokens": 1264}}
 DECODE_BACKENDS = ("hf", "hf-unshared", "hf-bf16", "hf-generate", "vllm")
-QUIET_CORES = 0.15
 
 
 # =========================================================================== drivers (subprocesses)
@@ -204,50 +202,22 @@ def decode_driver(args: argparse.Namespace) -> None:
 # =========================================================================== the bench
 
 
-def _run(cmd: list[str], env: dict, label: str) -> tuple[subprocess.CompletedProcess, dict]:
-    from scaling import LoadWatcher
-
-    print(f"[{dt.datetime.now():%H:%M:%S}] {label}: {shlex.join(cmd)}", flush=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    with LoadWatcher() as watcher:
-        proc = subprocess.run(cmd, env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    others = [s["others_cores"] for s in watcher.samples]
-    info = {"command": shlex.join(cmd).replace(sys.executable, "python"), "returncode": proc.returncode,
-            "wall_s": time.perf_counter() - t0,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "others_cores_mean": statistics.fmean(others) if others else None,
-            "others_cores_max": max(others) if others else None}
-    if proc.returncode:
-        info["stderr_tail"] = proc.stderr[-3000:]
-        print(f"  FAILED rc={proc.returncode}\n{proc.stderr[-2000:]}", flush=True)
-    return proc, info
-
-
 def run_rredcot(method: str, steps: int, work: Path, repeat: int, extra: list[str]) -> dict:
     run_dir = work / f"{method}-r{repeat}"
     cmd = [sys.executable, "-m", "rredcot_cli", "train", f"method={method}", "seed=0", f"train.steps={steps}",
            f"train.eval_every={steps}", "train.save_every=0", "train.save_rollouts=0", "backend.num_threads=1",
            f"run.dir={run_dir}", "run.overwrite=true", *extra]
-    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"{method} repeat {repeat}")
+    proc, info, _ = run_watched(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"{method} repeat {repeat}")
     result = {"run": method, "repeat": repeat, **info}
     if proc.returncode:
         return result
-    from rredcot_cli.store import metrics_log
-
-    rows = metrics_log.read(run_dir / "train" / "metrics.parquet").to_pylist()
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
-    steps_out, previous = [], 0
-    for row in rows:
-        tokens, previous = row["tokens"] - previous, row["tokens"]
-        steps_out.append({"step": row["step"], "seconds": row["seconds"], "tokens": tokens,
-                          "credit_forward_tokens": row.get("credit_forward_tokens"),
-                          "phases": {p: row.get(f"seconds_{p}") or 0.0 for p in PHASES},
-                          "reward_mean": row["reward_mean"]})
+    steps_out = [{"step": s["row"]["step"], "seconds": s["row"]["seconds"], "tokens": s["tokens"],
+                  "credit_forward_tokens": s["row"].get("credit_forward_tokens"), "phases": s["phases"],
+                  "reward_mean": s["row"]["reward_mean"]} for s in train_steps(run_dir / "train")]
     result.update(steps=steps_out, eval_after=summary["eval_after"].get("pass@1"),
                   eval_before=summary["eval_before"].get("pass@1"), train_seconds=summary["seconds"])
-    result["mean"] = _mean_step([s for s in steps_out if s["step"] > 1])
+    result["mean"] = mean_step([s for s in steps_out if s["step"] > 1])
     # the eval ran at the last step, outside its seconds
     result["mean"]["phases"]["eval"] = sum(s["phases"]["eval"] for s in steps_out)
     print(f"  {result['mean']['s_per_step']:.2f} s/step  " + "  ".join(
@@ -256,26 +226,14 @@ def run_rredcot(method: str, steps: int, work: Path, repeat: int, extra: list[st
     return result
 
 
-def _mean_step(steps: list[dict]) -> dict:
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return statistics.fmean(values) if values else None
-
-    return {"steps_averaged": [s["step"] for s in steps], "s_per_step": mean(s["seconds"] for s in steps),
-            "tokens_per_step": mean(s["tokens"] for s in steps),
-            "credit_forward_tokens": mean(s["credit_forward_tokens"] for s in steps),
-            "phases": {p: mean(s["phases"][p] for s in steps) or 0.0 for p in PHASES}}
-
-
 def run_trl(steps: int, work: Path, repeat: int) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-driver", "--steps", str(steps), "--work",
            str(work / f"trl-r{repeat}")]
-    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"trl repeat {repeat}")
+    proc, info, _ = run_watched(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, f"trl repeat {repeat}")
     result = {"run": "trl", "repeat": repeat, **info}
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TRL_RESULT ")), None)
-    if proc.returncode or line is None:
+    data = result_line(proc.stdout, "TRL_RESULT")
+    if proc.returncode or data is None:
         return result
-    data = json.loads(line.removeprefix("TRL_RESULT "))
     per = data["optimizer_steps_per_round"]
     rounds = [sum(data["step_seconds"][r * per : (r + 1) * per]) for r in range(len(data["step_seconds"]) // per)]
     generation = data["generation_seconds"][: len(rounds)]
@@ -290,7 +248,7 @@ def run_trl(steps: int, work: Path, repeat: int) -> dict:
                              "update": rounds[r] - (generation[r] if r < len(generation) else 0.0)}}
                  for r in range(len(rounds))]
     result.update(trl=data["trl"], steps=steps_out, train_seconds=data["train_wall_s"],
-                  mean=_mean_step([s for s in steps_out if s["step"] > 1]))
+                  mean=mean_step([s for s in steps_out if s["step"] > 1]))
     print(f"  {result['mean']['s_per_step']:.2f} s/round  others_cores {info['others_cores_mean']}", flush=True)
     return result
 
@@ -299,12 +257,12 @@ def run_decode(backend: str, case: str, python: str, long_model: str | None, lon
     cmd = [python, str(Path(__file__).resolve()), "--decode-driver", "--backend", backend, "--case", case]
     if case == "long-model":
         cmd += ["--long-model", long_model, "--long-benchmark", long_benchmark]
-    proc, info = _run(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-                      f"decode {backend} {case}")
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("DECODE_RESULT ")), None)
+    proc, info, _ = run_watched(cmd, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                      "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, f"decode {backend} {case}")
+    decoded = result_line(proc.stdout, "DECODE_RESULT")
     result = {"backend": backend, "case": case, **info}
-    if line:
-        result.update(json.loads(line.removeprefix("DECODE_RESULT ")))
+    if decoded:
+        result.update(decoded)
         print(f"  {result['tokens']} tokens (mean {result['mean_tokens']:.0f}) in {result['wall_s']:.1f} s: "
               f"{result['tokens_per_s']:.0f} tok/s", flush=True)
     return result
@@ -317,13 +275,6 @@ def trl_importable() -> bool:
     except ImportError:
         return False
     return True
-
-
-def vllm_importable(python: str) -> bool:
-    if not python or not Path(python).exists():
-        return False
-    probe = subprocess.run([python, "-c", "import vllm, rredcot_cli"], capture_output=True, text=True)
-    return probe.returncode == 0
 
 
 def summarize(data: dict) -> None:
@@ -520,25 +471,20 @@ def main() -> None:
         return decode_driver(args)
     if args.write_md:
         return write_md(json.loads(Path(args.write_md).read_text()), Path(args.md))
-    from scaling import machine
-
     work = Path(args.work or tempfile.mkdtemp(prefix="rredcot-throughput-"))
     runs = [m for m in args.methods.split(",") if m]
     if args.trl == "auto" and trl_importable():
         runs.append("trl")
     elif args.trl == "auto":
         print("trl is not importable here: no TRL rows (PYTHONPATH=<dir with trl and datasets> adds them)")
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
-            "commit": git("rev-parse", "--short", "HEAD"),
+    data = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "commit": commit(),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "steps": args.steps,
             "repeats": args.repeats, "runs": runs, "json_name": os.path.relpath(args.out, ROOT),
-            "bench_command": shlex.join(["python", "bench/throughput.py", *sys.argv[1:]]), "training": [], "decode": []}
+            "bench_command": bench_command("throughput.py"), "training": [], "decode": []}
 
     def save() -> None:
         summarize(data)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(data, indent=1))
+        write_json(Path(args.out), data)
 
     t0 = time.perf_counter()
     for repeat in range(args.repeats):

@@ -121,7 +121,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -129,6 +128,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from measure import commit, finite
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = "smollm2-135m-instruct"
@@ -273,6 +274,7 @@ def run_trl(args, device: str, model_dir: str, work: Path) -> dict:
 
     optimizers = (None, None)
     if args.schedule == "matched":
+        # rredcot's own AdamW and schedule, handed to TRL: no public seam builds them outside a run
         from rredcot_cli.train.precision import make_optimizer
         from rredcot_cli.train.update import lr_lambda
 
@@ -381,17 +383,6 @@ def run_rredcot(args, device: str, work: Path) -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def _finite(value):
-    """NaN/inf -> None, so the line is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the JSON file written (one object, also printed as one line)")
@@ -429,15 +420,11 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     model_dir = resolve_source(args.model)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
     report = {
         "bench": "trl_side_by_side", "model": args.model, "model_dir": model_dir, "benchmark": "arith",
         "seed": args.seed, "device": device,
         "device_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
-        "threads": args.threads, "torch": torch.__version__, "python": sys.version.split()[0], "commit": commit,
+        "threads": args.threads, "torch": torch.__version__, "python": sys.version.split()[0], "commit": commit() or None,
         "budget": {"steps": args.steps, "prompts_per_step": args.prompts, "n": args.n,
                    "max_new_tokens": args.max_new_tokens, "lr": args.lr, "schedule": "cosine",
                    "warmup_steps": args.warmup, "updates_per_batch": 1, "minibatch": args.prompts * args.n,
@@ -463,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["pass@1"] = {"trl": report["trl"]["eval"].get("pass@1"), "rredcot": report["rredcot"]["eval"].get("pass@1")}
     report["wall_s"] = round(time.perf_counter() - started, 1)
 
-    line = json.dumps(_finite(report), default=str)
+    line = json.dumps(finite(report), default=str)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(line + "\n")
     print(line, flush=True)

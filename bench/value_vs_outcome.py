@@ -37,7 +37,7 @@ import torch
 
 from rredcot_cli.metrics import mean_ci
 from rredcot_cli.report.judge import CONTROLS, agreement, control_values
-from rredcot_cli.train.distributed import split_evenly
+from rredcot_cli.train.distributed import split_evenly  # how `rredcot judge` cuts its batches
 
 TOLERANCE = 0.05
 MEASURES = ("own_reward_share", "off_baseline_share", "later_zero_share")
@@ -87,12 +87,18 @@ def summary(samples: list[dict], credits: list[dict], batches: int) -> dict:
         mine = set(part)
         per_batch.append({"completions": sum(f["prompt_id"] in mine for f in figures),
                           **shares([f for f in figures if f["prompt_id"] in mine])})
-    intervals = {}
-    for name in MEASURES:
+    return {"completions": len(figures), **shares(figures), "per_batch": per_batch,
+            "over_batches": over_batches(per_batch, MEASURES)}
+
+
+def over_batches(per_batch: list[dict], names) -> dict:
+    """Mean and 95% Student-t interval of each figure over the batches where it is defined."""
+    out = {}
+    for name in names:
         values = [b[name] for b in per_batch if b[name] is not None]
         mean, low, high = mean_ci(values) if values else (None, None, None)
-        intervals[name] = {"mean": mean, "low": low, "high": high, "batches": len(values)}
-    return {"completions": len(figures), **shares(figures), "per_batch": per_batch, "over_batches": intervals}
+        out[name] = {"mean": mean, "low": low, "high": high, "batches": len(values)}
+    return out
 
 
 def credit_tensors(samples: list[dict], credits: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,12 +147,7 @@ def judged(samples: list[dict], credits: list[dict], reference: Path, batches: i
                                             counts)
         result = agreement(values, credit, reference_tensor(mine, reference, counts), counts, rewards)
         per_batch.append({name: result[name] for name in AGREEMENT})
-    over = {}
-    for name in AGREEMENT:
-        values = [b[name] for b in per_batch if b[name] is not None]
-        mean, low, high = mean_ci(values) if values else (None, None, None)
-        over[name] = {"mean": mean, "low": low, "high": high, "batches": len(values)}
-    return {"per_batch": per_batch, "over_batches": over}
+    return {"per_batch": per_batch, "over_batches": over_batches(per_batch, AGREEMENT)}
 
 
 def _interval(stat: dict) -> str:

@@ -70,3 +70,22 @@ def test_headroom_counts_groups_and_the_tail_format():
     assert result["tail_format_share"] == 0.5 and result["answer_line_share"] == 0.75
     assert result["mean_newline_segments"] == (4 + 3 + 2 + 4) / 4
     assert result["mean_lines_after_answer"] == (2 + 1 + 2) / 3
+
+
+def test_headroom_of_a_samples_parquet_counts_groups_segments_and_truncation():
+    """bench/headroom.py on a `rredcot sample` folder's rows (what bench/sample_headroom.py was)."""
+    sample_headroom = load_script("bench/headroom.py").sample_headroom
+    row = {"completion": "Work: 1+2\nAnswer: 3", "pred_answer": "3", "finish_reason": "stop", "num_tokens": 10}
+    samples = [{**row, "prompt_id": "a", "reward": 1.0},
+               {**row, "prompt_id": "a", "reward": 0.0, "completion": "Work\n\nCheck\nAnswer: 4\nNote: x"},
+               {**row, "prompt_id": "a", "reward": 0.0, "pred_answer": None, "finish_reason": "length",
+                "num_tokens": 40},
+               {**row, "prompt_id": "b", "reward": None}, {**row, "prompt_id": "b", "reward": 0.0},
+               {**row, "prompt_id": "b", "reward": 0.0}]
+    result = sample_headroom(samples, segment_counts=[2, 4, 2, 3, 2, 2])
+    assert result["prompts"] == 2 and result["completions"] == 6
+    assert result["pass@1"] == 1 / 6 and result["pass@3"] == 0.5 and result["mixed_group_share"] == 0.5
+    assert result["mean_nonempty_lines"] == (2 + 4 + 2 + 2 + 2 + 2) / 6
+    assert result["share_with_answer_line"] == 5 / 6 and result["share_truncated"] == 1 / 6
+    assert result["mean_tokens"] == (10 * 5 + 40) / 6
+    assert result["mean_segments (segment stage)"] == 15 / 6 and result["share_with_>=3_segments"] == 2 / 6

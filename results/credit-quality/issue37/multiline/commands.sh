@@ -20,7 +20,7 @@ model="model=smollm2-135m-instruct model.chat_template=false benchmark=arith_mul
 R=runs/hr
 rredcot sample run.dir=$R seed=0 $model sample.num_prompts=39 sampling.n=8
 rredcot segment run.dir=$R seed=0 $model
-python bench/sample_headroom.py $R/sample/samples.parquet --segments $R/segment/segments.parquet \
+python bench/headroom.py $R/sample/samples.parquet --segments $R/segment/segments.parquet \
   --out results/credit-quality/issue37/multiline/headroom.json
 
 # --- the judge: its own traces (seed 1), 10 test prompts x 8, 5 batches of 2 groups, MC K = 8
@@ -28,7 +28,7 @@ python bench/sample_headroom.py $R/sample/samples.parquet --segments $R/segment/
 R=runs/jd
 rredcot sample run.dir=$R seed=1 $model sample.num_prompts=10 sampling.n=8
 rredcot segment run.dir=$R seed=1 $model
-python bench/sample_headroom.py $R/sample/samples.parquet --segments $R/segment/segments.parquet \
+python bench/headroom.py $R/sample/samples.parquet --segments $R/segment/segments.parquet \
   --out results/credit-quality/issue37/multiline/judge-traces.json
 # One `rredcot judge judge.batches=5` on runs/jd would take ~15 min per batch here (busy), and it
 # writes nothing until every batch is done; so the 5 batches (2 prompt groups each, in order, as
