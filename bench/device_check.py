@@ -40,11 +40,14 @@ import gc
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from measure import one_update, optimizer_as_trained
 
@@ -52,6 +55,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 QWEN_05B = REPO / "bench" / "configs" / "qwen2.5-0.5b-instruct"
+MATH_15B = REPO / "bench" / "configs" / "qwen2.5-math-1.5b"
+# --quick builds the 1.5B part's model from the same config, narrowed, by the same code path.
+NARROW = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+              num_key_value_heads=1, max_window_layers=2, layer_types=["full_attention"] * 2)
+# A 10-minute lease less ~2 minutes for the machine's start, the install and copying the JSON back.
+LEASE_BUDGET_S = 480.0
+PART_NAMES = ("model_1p5b", "grpo_1p5b", "rredcot_1p5b", "logprobs", "sync", "memory", "throughput", "train",
+              "colocated")
 TEXTS = ["Compute mod 10: 1 +2 *3 -4 +5\n", "Compute mod 10: 7 *7 -2\n", "x = 4\ny = x * 2\n",
          "Find the first x in 1 2 3 4 with (3x+1)%10=3\n"]
 
@@ -60,33 +71,324 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "runs" / "bench" / "device-check" / "device_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the script on CPU")
-    parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these parts: logprobs sync train throughput memory colocated")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these parts: " + " ".join(PART_NAMES))
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"wall seconds the whole run may take (default {LEASE_BUDGET_S:.0f}; --quick: no limit): "
+                             "a part whose estimate no longer fits is skipped, and says so in the JSON")
     args = parser.parse_args()
 
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    result: dict = {"env": environment(device), "quick": args.quick, "command": " ".join(sys.argv), "parts": {}}
+    budget_s = args.budget_s if args.budget_s is not None else (float("inf") if args.quick else LEASE_BUDGET_S)
+    result: dict = {"env": environment(device), "quick": args.quick, "command": " ".join(sys.argv),
+                    "budget_s": None if budget_s == float("inf") else budget_s, "parts": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    parts = [("logprobs", check_logprobs), ("sync", check_sync), ("train", check_train),
-             ("throughput", check_throughput), ("memory", check_memory), ("colocated", check_colocated)]
-    for name, part in parts:
-        if args.only is not None and name not in args.only:
-            continue
-        started = time.perf_counter()
-        try:
-            value = part(device, args.quick)
-            status = "ok"
-        except Exception as e:  # noqa: BLE001 - a failed part is a result; the others still run
-            value, status = {"error": f"{type(e).__name__}: {e}"}, "failed"
-        value.update(status=status, seconds=round(time.perf_counter() - started, 1))
-        result["parts"][name] = value
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"{name}: {status} in {value['seconds']} s", file=sys.stderr)
-        release(device)
+    # The RL runs' folders sit beside the JSON, so a run the lease cuts short leaves its metrics.
+    runs_dir = out.with_name(out.stem + "-runs")
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work:
+        for part in parts(device, args.quick, Path(work), runs_dir):
+            if args.only is not None and part.name not in args.only:
+                continue
+            left = budget_s - (time.perf_counter() - began)
+            if part.estimate_s > left:
+                value = {"status": "skipped", "why": f"its estimate ({part.estimate_s:.0f} s on one H100) is over "
+                                                     f"the {max(left, 0):.0f} s left of --budget-s {budget_s:.0f}"}
+                result["parts"][part.name] = value
+                out.write_text(json.dumps(result, indent=2) + "\n")
+                print(f"{part.name}: skipped ({value['why']})", file=sys.stderr)
+                continue
+            started = time.perf_counter()
+            try:
+                value = part.run(left)
+                status = "ok"
+            except Exception as e:  # noqa: BLE001 - a failed part is a result; the others still run
+                value, status = {"error": f"{type(e).__name__}: {e}"}, "failed"
+            value.update(status=value.get("status", status), seconds=round(time.perf_counter() - started, 1))
+            result["parts"][part.name] = value
+            out.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"{part.name}: {value['status']} in {value['seconds']} s", file=sys.stderr)
+            release(device)
+    result["seconds"] = round(time.perf_counter() - began, 1)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["parts"], indent=2))
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    run: Callable[[float], dict]  # takes the wall seconds left in the budget, returns the part's result
+    estimate_s: float  # its expected wall time on one H100: the guard skips it when this no longer fits
+
+
+def parts(device: str, quick: bool, work: Path, runs_dir: Path) -> list[Part]:
+    """The parts in the order they run: the 1.5B GRPO-vs-RREDCoT figures first, as the most
+    valuable, then the checks on the embedded model and Qwen2.5-0.5B."""
+    model_dir = work / "qwen2.5-math-1.5b-random"
+
+    def rl(method: str) -> Callable[[float], dict]:
+        return lambda left: check_rl_1p5b(method, model_dir, runs_dir / method, device, quick, left)
+
+    return [
+        Part("model_1p5b", lambda left: build_model_1p5b(model_dir, device, quick), 45),
+        Part("grpo_1p5b", rl("grpo"), 150),
+        Part("rredcot_1p5b", rl("rredcot"), 170),
+        Part("logprobs", lambda left: check_logprobs(device, quick), 60),
+        Part("sync", lambda left: check_sync(device, quick), 45),
+        Part("memory", lambda left: check_memory(device, quick), 40),
+        Part("throughput", lambda left: check_throughput(device, quick), 75),
+        Part("train", lambda left: check_train(device, quick), 150),
+        Part("colocated", lambda left: check_colocated(device, quick), 300),
+    ]
+
+
+# --------------------------------------------------------------------------- the 1.5B RL steps
+
+
+@dataclass(frozen=True)
+class RLShape:
+    prompts: int  # train.prompts_per_step
+    samples: int  # sampling.n (the group size)
+    max_new_tokens: int  # every completion runs to it: random weights never write EOS
+    steps: int  # train.steps; the first warms up (allocator, kernels), the later ones are the figures
+    segment_tokens: int  # segment=fixed: tokens per segment (RREDCoT values one boundary per segment)
+
+
+RL_SHAPE = RLShape(prompts=8, samples=8, max_new_tokens=512, steps=3, segment_tokens=32)
+RL_SHAPE_QUICK = RLShape(prompts=2, samples=2, max_new_tokens=16, steps=2, segment_tokens=4)
+QUESTIONS = "gsm8k-questions.jsonl"  # beside the model folder: benchmark=jsonl's file
+
+
+def build_model_1p5b(model_dir: Path, device: str, quick: bool) -> dict:
+    """A random-init Qwen2.5-Math-1.5B folder built from bench/configs/ (no hub): the weights, the
+    character tokenizer, and beside it a question file of GSM8K training problems."""
+    import torch
+    from itertools import islice
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rredcot_cli.benchmarks.gsm8k import parse_gold
+    from rredcot_cli.data import read_split
+    from rredcot_cli.policy.model_files import save_tokenizer
+    from rredcot_cli.policy.models import build_char_tokenizer
+
+    config = AutoConfig.from_pretrained(MATH_15B, **(NARROW if quick else {}))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    with torch.device(device):  # initialised where it runs: seconds on a GPU, a minute or more on a CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    parameters = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(model_dir)
+    # The Qwen tokenizer is on the hub only. Prompts are read one character a token (about 4x
+    # the BPE count) and the ids the random model samples beyond the alphabet decode to nothing.
+    save_tokenizer(build_char_tokenizer(), model_dir)
+    del model
+    records = islice(read_split("gsm8k", "train"), 256)
+    lines = [json.dumps({"question": row["question"], "answer": parse_gold(row["answer"])}) for _, row in records]
+    (model_dir.parent / QUESTIONS).write_text("\n".join(lines) + "\n")
+    return {"config": str(MATH_15B.relative_to(REPO)) + (" (narrowed for --quick)" if quick else ""),
+            "parameters": parameters, "dtype": str(dtype), "weights_gib": round(_weight_bytes(model_dir) / 2**30, 3),
+            "build_seconds": round(time.perf_counter() - started, 1)}
+
+
+def rl_overrides(method: str, model_dir: Path, device: str, shape: RLShape) -> list[str]:
+    """``rredcot train`` settings of the 1.5B part: conf/experiment/gsm8k_qwen.yaml's training
+    options on the 1.5B preset at ``shape``, backend vllm with sleep mode and a sync every step."""
+    overrides = [
+        "model=qwen2.5-math-1.5b", f"model.path={model_dir}",
+        "model.dtype=bfloat16" if device == "cuda" else "model.dtype=float32",
+        # Eager: no torch.compile or CUDA-graph capture at each of the two engine starts (a minute or
+        # more of a 10-minute lease); decode is slower than with graphs, so its tokens/s is a floor.
+        "backend=vllm", "backend.enforce_eager=true", f"method={method}",
+        # Random weights write no answer, so a real verifier scores every completion 0 and GRPO's
+        # update, with every advantage 0, is skipped (update.carries_no_signal). wrote_text scores 1
+        # the completions that decode to any text, so the groups are mixed and both methods run
+        # their whole update, as on a real task.
+        "benchmark=jsonl", f"benchmark.path={model_dir.parent / QUESTIONS}", "benchmark.extractor=none",
+        "benchmark.verifier=bench.device_check:wrote_text",
+        # Random text has no line breaks to cut at: fixed segments give RREDCoT a realistic count.
+        "segment=fixed", f"segment.tokens={shape.segment_tokens}",
+        f"sampling.n={shape.samples}", f"train.prompts_per_step={shape.prompts}",
+        f"sampling.max_new_tokens={shape.max_new_tokens}", "sampling.temperature=1.0", f"train.steps={shape.steps}",
+        f"train.minibatch_size={shape.prompts * shape.samples}", "train.micro_batch_size=4",
+        "train.gradient_checkpointing=true", "train.logprob_chunk_tokens=1024",
+        "train.sampler_correction=token_truncate", "train.lr=1e-6", "train.warmup_steps=0", "train.kl_coef=0.0",
+        "train.eval_every=0", "train.save_every=0", "train.eval_problems=1", "train.eval_samples=1",
+    ]
+    if method == "rredcot":
+        # The forced-answer probe GSM8K's own template would be (boxed) does not survive an override's
+        # quoting; extractor=none has none, and this one costs the same forward per boundary.
+        overrides.append("method.probe_template='The final answer is {answer}'")
+    return overrides
+
+
+def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: bool, left_s: float) -> dict:
+    """``rredcot train backend=vllm`` on the random-init 1.5B model for ``shape.steps`` steps of
+    ``method``: per step and phase, seconds and tokens/s; per phase, peak GPU memory."""
+    from rredcot_cli.store import metrics_log
+
+    if not (model_dir / "config.json").is_file():
+        return {"status": "skipped", "why": "no model: part model_1p5b did not run or failed"}
+    shape = RL_SHAPE_QUICK if quick else RL_SHAPE
+    overrides = rl_overrides(method, model_dir, device, shape)
+    if run.exists():
+        shutil.rmtree(run)  # an earlier run's metrics must not pass for this one's
+    run.mkdir(parents=True)
+    memory_file = run / "phase_memory.json"
+    command = [sys.executable, "-c", "from bench.device_check import train_child; train_child()",
+               "train", f"run.dir={run}", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO), MEMORY_ENV: str(memory_file)}
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(command, cwd=run, capture_output=True, text=True, env=env,
+                              timeout=None if left_s == float("inf") else max(left_s, 1.0))
+        ended, stderr = ("ok" if proc.returncode == 0 else f"exit {proc.returncode}"), proc.stderr
+    except subprocess.TimeoutExpired as e:  # the budget ran out: what the steps wrote so far is the result
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        ended = f"cut short by --budget-s after {time.perf_counter() - started:.0f} s"
+    metrics_file = run / "train" / "metrics.parquet"
+    rows = metrics_log.read(metrics_file).to_pylist() if metrics_file.exists() else []
+    steps = step_figures(rows, _weight_bytes(model_dir))
+    report = {"method": method, "shape": shape.__dict__, "run_dir": str(run), "ended": ended,
+              "wall_seconds": round(time.perf_counter() - started, 1), "steps": steps,
+              "after_warmup": mean_figures(steps[1:] or steps),
+              "phase_memory": json.loads(memory_file.read_text()) if memory_file.exists() else None,
+              "overrides": overrides}
+    if ended != "ok":
+        report.update(status="failed" if ended.startswith("exit") else "cut short", stderr_tail=stderr[-3000:])
+    return report
+
+
+# Phases of a step, as steptime names them, and what a phase's tokens/s counts: the positions the
+# credit method ran through the model for credit, the step's generated tokens for sampling and
+# the trainer's passes (bench/throughput.py's rule); refresh (the weight sync) gets GiB/s of
+# weights instead, and segment (text processing on the CPU) no rate.
+STEP_PHASES = ("sampling", "segment", "credit", "old_logprobs", "update", "refresh")
+RATED_PHASES = ("sampling", "credit", "old_logprobs", "update")
+
+
+def step_figures(rows: list[dict], weight_bytes: int) -> list[dict]:
+    """One entry per metrics row: the step's seconds, tokens, and per phase seconds and rate."""
+    figures, seen = [], 0
+    for row in rows:
+        generated, seen = row["tokens"] - seen, row["tokens"]
+        phases = {}
+        for name in STEP_PHASES:
+            seconds = row.get(f"seconds_{name}") or 0.0
+            figure = {"seconds": round(seconds, 3)}
+            if name == "refresh":
+                figure["weights_gib_per_s"] = round(weight_bytes / 2**30 / seconds, 2) if seconds else None
+            elif name in RATED_PHASES:
+                tokens = row.get("credit_forward_tokens") if name == "credit" else generated
+                figure["tokens_per_s"] = round(tokens / seconds, 1) if tokens and seconds else None
+            phases[name] = figure
+        figures.append({"step": row["step"], "seconds": round(row["seconds"], 3), "generated_tokens": generated,
+                        "credit_forward_tokens": row.get("credit_forward_tokens"), "reward_mean": row["reward_mean"],
+                        "loss": row["loss"], "grad_norm": row["grad_norm"], "sampler_kl": row.get("sampler_kl"),
+                        "phases": phases})
+    return figures
+
+
+def mean_figures(steps: list[dict]) -> dict | None:
+    """Mean step seconds and per-phase seconds over ``steps`` (None without any)."""
+    if not steps:
+        return None
+    mean = lambda values: round(sum(values) / len(values), 3)  # noqa: E731 - a one-line local
+    return {"steps": [s["step"] for s in steps], "seconds": mean([s["seconds"] for s in steps]),
+            "phase_seconds": {name: mean([s["phases"][name]["seconds"] for s in steps]) for name in STEP_PHASES},
+            "generated_tokens_per_s": mean([s["generated_tokens"] / s["seconds"] for s in steps])}
+
+
+def wrote_text(answer: str, gold: str) -> bool:
+    """The 1.5B part's verifier (``benchmark.verifier=bench.device_check:wrote_text`` with
+    ``extractor=none``): 1 for a completion that decodes to any text. The jsonl benchmark scores an
+    empty completion 0 before calling it. A random model's completion is empty unless it sampled
+    one of the character tokenizer's 100 ids among 151,936: near-uniform sampling does so at least
+    once in 512 tokens with probability 1 - exp(-512 * 100 / 151936) ~ 0.29, so about 7% of
+    groups of 8 (0.71^8) are all 0 and the others carry an advantage."""
+    return bool(answer.strip())
+
+
+# --------------------------------------------------------------------------- per-phase memory
+
+MEMORY_ENV = "DEVICE_CHECK_PHASE_MEMORY"  # where train_child writes PhaseMemory's figures
+
+
+def train_child() -> None:
+    """``rredcot <args>`` with a ``PhaseMemory`` watching the train loop's phases: the child process
+    of ``check_rl_1p5b``. Its figures are rewritten after each phase, so a run cut short keeps them."""
+    from rredcot_cli.cli import main as rredcot
+    from rredcot_cli.train import steptime
+
+    steptime.PHASE_OBSERVERS.append(PhaseMemory(Path(os.environ[MEMORY_ENV])).observe)
+    sys.argv = ["rredcot", *sys.argv[1:]]
+    rredcot()
+
+
+class PhaseMemory:
+    """Peak memory per phase of the train loop, over all steps: the CUDA caching allocator's peak
+    allocated and reserved bytes in this process (the trainer and the in-process vLLM engine) and
+    the device's used memory (total - free, whatever allocator or process holds it) polled every
+    20 ms. A phase opened inside another (old_logprobs inside update) counts in both. Without CUDA
+    only the process's peak RSS so far is recorded (the --quick smoke run)."""
+
+    def __init__(self, out: Path) -> None:
+        import threading
+
+        import torch
+
+        self.out, self.cuda = out, torch.cuda.is_available()
+        self.open: list[str] = []
+        self.peaks: dict[str, dict[str, float]] = {}
+        self.device_used = 0
+        if self.cuda:
+            threading.Thread(target=self._poll, daemon=True).start()
+
+    def observe(self, event: str, name: str) -> None:
+        peak = self._take_peak()
+        for phase in self.open:
+            held = self.peaks.setdefault(phase, {})
+            for key, value in peak.items():
+                held[key] = max(held.get(key, 0.0), value)
+        if event == "begin":
+            self.open.append(name)
+            return
+        self.open.remove(name)
+        self.out.write_text(json.dumps({phase: {k: round(v, 3) for k, v in figures.items()}
+                                        for phase, figures in self.peaks.items()}, indent=2) + "\n")
+
+    def _take_peak(self) -> dict[str, float]:
+        """The peaks since the last call, in GiB; the counters restart from here."""
+        import resource
+
+        import torch
+
+        if not self.cuda:
+            return {"host_peak_rss_gib_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        peak = {"torch_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "torch_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+                "device_used_gib": max(self.device_used, self._used()) / 2**30}
+        torch.cuda.reset_peak_memory_stats()
+        self.device_used = self._used()
+        return peak
+
+    def _poll(self) -> None:
+        while True:
+            self.device_used = max(self.device_used, self._used())
+            time.sleep(0.02)
+
+    @staticmethod
+    def _used() -> int:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+
+def _weight_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
 
 
 # --------------------------------------------------------------------------- parts
