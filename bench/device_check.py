@@ -1,35 +1,93 @@
-"""The accelerator check: everything the GPU path needs, in one run of a few minutes, with no hub
-access (the embedded model and random-init models of real shapes from bench/configs/).
+"""The accelerator check: the GPU path's first figures and checks in one run that fits a
+10-minute lease of one H100/H200, with no hub access (random-init models of real shapes from the
+configs in bench/configs/, and the embedded model).
 
-    pip install torch==<your CUDA build> && pip install -e ".[vllm,test]"
-    python bench/device_check.py --out results/device-check/device_check.json        # on one GPU, <= 8 min
+The lease, step by step (the lent machine has no network: vLLM and a CUDA torch must already be
+installed there, ``pip install -e ".[vllm,test]"``):
 
-It runs, in order, and writes each result into the JSON as soon as it has it (a run cut short
-keeps what finished):
+    python -c "import torch, vllm; print(torch.cuda.get_device_name(0), vllm.__version__)"   # ~10 s
+    python bench/device_check.py --out results/device-check/<card>.json                      # ~6-8 min
 
-1. ``logprobs``   vLLM samples from the embedded model at T=1 and at T=0.7/top-p 0.9; the
-                  sampled tokens' log-probs are compared with the trainer's
-                  (``logprobs.completion_logprobs`` at the same temperature/top-p), fp32 and bf16.
-2. ``sync``       sleep mode frees memory; a perturbed policy synced into the engine scores as the
-                  HF model does; the original synced back scores as before.
-3. ``train``      ``rredcot train backend=vllm`` for 3 steps (bf16, sleep mode, syncs every step),
-                  full fine-tuning and LoRA, as subprocesses: wall time, per-step metrics
-                  (sampler_kl is the sampler/trainer mismatch), peak GPU memory.
-4. ``throughput`` tokens/s of the vLLM backend vs the HF backend generating the same prompts from
-                  a random-init Qwen2.5-0.5B (bf16; fixed-length outputs: random weights never
-                  stop early).
-5. ``memory``     one policy update of random-init Qwen2.5-0.5B at 1k tokens with the memory
-                  options on (bf16-mixed, checkpointing, chunked LM head, micro-batch 1): peak
-                  allocated/reserved CUDA memory, to set beside docs/studies/memory.md's derived numbers.
-6. ``colocated``  with 2+ GPUs: ``torchrun --nproc-per-node=2 -m rredcot_cli train backend=vllm``,
-                  an engine per rank colocated with its trainer (sleep mode on), for ddp and fsdp2,
-                  then both ranks sharing one engine (``backend.tensor_parallel_size=2``), each
-                  with ``backend.sync_check_atol`` checking every sync on every rank: wall time,
-                  per-step metrics, the manifest's per-rank sync record. Skipped on one GPU
-                  (``--quick`` runs the ddp case on the CPU build instead).
+The second command stops itself within ``--budget-s`` (default 480 s: a 10-minute lease less the
+machine's start and copying the results back); every part has an estimate of its H100 wall time
+and one whose estimate no longer fits the time left is skipped, its ``why`` in the JSON. The JSON
+is rewritten after every part, so a run cut short keeps what finished, and the RL runs write
+their folders beside it (``<card>-runs/grpo/``, ``<card>-runs/rredcot/``: ``train/metrics.parquet``
+after every step and ``phase_memory.json`` after every phase), which survive even a kill of the
+whole script. Copy both back. If the lease ended early, the next one runs what is missing:
+``--only rredcot_1p5b`` (after ``model_1p5b``, which it needs), or the checks after them.
+
+What to read in the JSON (``parts``; each has ``status``: ok, failed, skipped or cut short):
+
+- ``grpo_1p5b`` / ``rredcot_1p5b``: ``after_warmup.seconds`` is the s/step beside each other (the
+  first step warms up and is left out), ``after_warmup.phase_seconds`` where it goes (sampling,
+  segment, credit, old_logprobs, update, refresh = the weight sync), ``steps[].phases`` each
+  step's seconds and tokens/s per phase, ``phase_memory`` the peak GPU memory per phase
+  (``device_used_gib``: the whole device, vLLM included; ``torch_allocated_gib``/``reserved``: the
+  CUDA allocator of the training process), ``ended`` how the run ended.
+- ``logprobs``: max/p99 |log-prob difference| of vLLM vs the trainer per dtype and temperature;
+  ``sync``: memory freed by sleep, the mismatch after a sync (should be at float rounding);
+  ``memory``: peak memory of one 0.5B update; then ``throughput``, ``train``, ``colocated``.
+
+The parts, in the order they run (the most valuable figures first):
+
+1. ``model_1p5b``   random-init Qwen2.5-Math-1.5B (bench/configs/qwen2.5-math-1.5b/config.json,
+                    the shape of conf/model/qwen2.5-math-1.5b.yaml: 1.54 B parameters, 28 layers,
+                    hidden 1536, 12 heads / 2 KV heads, vocabulary 151,936) initialised on the GPU
+                    in bf16 and saved with the character tokenizer (the Qwen tokenizer is on the
+                    hub only), plus a question file of 256 GSM8K training problems.
+2. ``grpo_1p5b``    ``rredcot train backend=vllm model=qwen2.5-math-1.5b model.path=<it>``, GRPO,
+3. ``rredcot_1p5b`` then RREDCoT (answer_probe values), 3 steps each of 8 prompts x 8 samples x 512
+                    new tokens, bf16 (fp32 master weights), sleep mode, the weights synced to the
+                    engine after every update, conf/experiment/gsm8k_qwen.yaml's training options
+                    (``rl_overrides``). Random weights never write EOS, so every completion runs to
+                    512 tokens; they write no answer either, so the reward is whether a completion
+                    decodes to any text (``wrote_text``): mixed groups, so GRPO's update is not
+                    skipped as all-zero; segments are fixed 32-token pieces (16 per completion).
+4. ``logprobs``     vLLM samples from the embedded model at T=1 and at T=0.7/top-p 0.9; the
+                    sampled tokens' log-probs are compared with the trainer's
+                    (``logprobs.completion_logprobs`` at the same temperature/top-p), fp32 and bf16.
+5. ``sync``         sleep mode frees memory; a perturbed policy synced into the engine scores as the
+                    HF model does; the original synced back scores as before.
+6. ``memory``       one policy update of random-init Qwen2.5-0.5B at 1k tokens with the memory
+                    options on (bf16-mixed, checkpointing, chunked LM head, micro-batch 1): peak
+                    allocated/reserved CUDA memory, beside docs/studies/memory.md's derived numbers.
+7. ``throughput``   tokens/s of the vLLM backend vs the HF backend generating the same prompts from
+                    a random-init Qwen2.5-0.5B (bf16; fixed-length outputs).
+8. ``train``        ``rredcot train backend=vllm`` on the embedded model for 3 steps, full
+                    fine-tuning and LoRA, as subprocesses: wall time, per-step metrics
+                    (sampler_kl is the sampler/trainer mismatch), peak GPU memory.
+9. ``colocated``    with 2+ GPUs: ``torchrun --nproc-per-node=2 -m rredcot_cli train backend=vllm``,
+                    an engine per rank colocated with its trainer (sleep mode on), for ddp and fsdp2,
+                    then both ranks sharing one engine (``backend.tensor_parallel_size=2``), each
+                    with ``backend.sync_check_atol`` checking every sync on every rank. Skipped on one
+                    GPU (``--quick`` runs the ddp case on the CPU build instead).
+
+How the 1.5B shape was chosen to fit: an ESTIMATE from first principles and stated assumptions,
+not a measurement (none was possible: no GPU was lent when this was written). Per RL part:
+~60 s of start-up (imports, loading 3 GB of weights into fp32 master weights, the vLLM engine's
+weight load, memory profiling and KV-cache allocation, eager so without torch.compile or
+CUDA-graph capture). Per step: sampling 64 x 512 = 32,768 tokens; a decode step of a 1.5B model
+reads its ~3.1 GB of bf16 weights, >= ~1 ms at the H100's 3.35 TB/s, and in eager mode vLLM's
+Python and kernel-launch overhead over 28 layers is assumed at 10-25 ms per step at batch 64,
+so 512 steps take ~5-13 s (2,500-6,500 tokens/s; CUDA graphs would be faster, so the figure is a
+floor). The trainer's passes cover ~64 x (~600 prompt characters + 512) ~ 70 k positions; at
+2 x 1.5 G FLOPs per position a forward is ~2e14 FLOPs, ~0.6 s at an assumed 35% of the H100's
+~990 dense bf16 TFLOP/s; old log-probs take one forward, the update with checkpointing ~4
+forward-equivalents (~3 s), RREDCoT's credit about one more (16 probes per completion on the
+prefix), the weight sync (wake + 3 GB copied in process) ~1-3 s. So ~10-20 s a step, ~60 s for
+3, plus the held-out evals (1 problem x 1 sample, before and after) and the final checkpoint
+(~20 s): ~2.5 min per method. The part estimates (45 + 150 + 170 s) leave ~2 min of the 480 s for
+the checks after them, which the guard runs as they fit. Memory: vLLM takes 0.5 of the GPU
+(``backend.gpu_memory_utilization``), freed by sleep during the update; the trainer holds fp32
+weights + AdamW (~18 GiB) and, in the update, gradients (~6 GiB) and activations: well inside
+78 GiB.
 
 ``--quick`` shrinks every size so the script can be smoke-run on a CPU with the CPU build of vLLM
-(tests nothing a GPU adds; it checks the script itself). Nothing here asserts; read the JSON.
+(tests nothing a GPU adds; it checks the script itself): the 1.5B parts build the same config,
+narrowed to 2 layers of width 128, by the same code path (build, random init, save, load by path),
+and run 2 steps of 2 x 2 x 16 tokens. ``--budget-s`` defaults to no limit there. Nothing here
+asserts; read the JSON.
 """
 
 from __future__ import annotations
@@ -37,6 +95,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -71,7 +130,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "runs" / "bench" / "device-check" / "device_check.json"))
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the script on CPU")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these parts: " + " ".join(PART_NAMES))
+    parser.add_argument("--only", nargs="*", default=None, choices=PART_NAMES, metavar="PART",
+                        help="run only these parts: " + " ".join(PART_NAMES))
     parser.add_argument("--budget-s", type=float, default=None,
                         help=f"wall seconds the whole run may take (default {LEASE_BUDGET_S:.0f}; --quick: no limit): "
                              "a part whose estimate no longer fits is skipped, and says so in the JSON")
@@ -87,15 +147,16 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # The RL runs' folders sit beside the JSON, so a run the lease cuts short leaves its metrics.
     runs_dir = out.with_name(out.stem + "-runs")
+    has_vllm = importlib.util.find_spec("vllm") is not None
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         for part in parts(device, args.quick, Path(work), runs_dir):
             if args.only is not None and part.name not in args.only:
                 continue
             left = budget_s - (time.perf_counter() - began)
-            if part.estimate_s > left:
-                value = {"status": "skipped", "why": f"its estimate ({part.estimate_s:.0f} s on one H100) is over "
-                                                     f"the {max(left, 0):.0f} s left of --budget-s {budget_s:.0f}"}
+            why = skip_reason(part, left, budget_s, has_vllm)
+            if why is not None:
+                value = {"status": "skipped", "why": why}
                 result["parts"][part.name] = value
                 out.write_text(json.dumps(result, indent=2) + "\n")
                 print(f"{part.name}: skipped ({value['why']})", file=sys.stderr)
@@ -121,6 +182,17 @@ class Part:
     name: str
     run: Callable[[float], dict]  # takes the wall seconds left in the budget, returns the part's result
     estimate_s: float  # its expected wall time on one H100: the guard skips it when this no longer fits
+    needs_vllm: bool = True
+
+
+def skip_reason(part: Part, left_s: float, budget_s: float, has_vllm: bool) -> str | None:
+    """Why ``part`` does not run now, or None."""
+    if part.needs_vllm and not has_vllm:
+        return "vllm is not importable in this Python: pip install -e '.[vllm]' (no network on the lent machine: before)"
+    if part.estimate_s > left_s:
+        return f"its estimate ({part.estimate_s:.0f} s on one H100) is over the {max(left_s, 0):.0f} s left of " \
+               f"--budget-s {budget_s:.0f}"
+    return None
 
 
 def parts(device: str, quick: bool, work: Path, runs_dir: Path) -> list[Part]:
@@ -132,12 +204,12 @@ def parts(device: str, quick: bool, work: Path, runs_dir: Path) -> list[Part]:
         return lambda left: check_rl_1p5b(method, model_dir, runs_dir / method, device, quick, left)
 
     return [
-        Part("model_1p5b", lambda left: build_model_1p5b(model_dir, device, quick), 45),
+        Part("model_1p5b", lambda left: build_model_1p5b(model_dir, device, quick), 45, needs_vllm=False),
         Part("grpo_1p5b", rl("grpo"), 150),
         Part("rredcot_1p5b", rl("rredcot"), 170),
         Part("logprobs", lambda left: check_logprobs(device, quick), 60),
         Part("sync", lambda left: check_sync(device, quick), 45),
-        Part("memory", lambda left: check_memory(device, quick), 40),
+        Part("memory", lambda left: check_memory(device, quick), 40, needs_vllm=False),
         Part("throughput", lambda left: check_throughput(device, quick), 75),
         Part("train", lambda left: check_train(device, quick), 150),
         Part("colocated", lambda left: check_colocated(device, quick), 300),
