@@ -320,6 +320,8 @@ def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: b
     except subprocess.TimeoutExpired as e:  # the budget ran out: what the steps wrote so far is the result
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         ended = f"cut short by --budget-s after {time.perf_counter() - started:.0f} s"
+    # The final checkpoint is GBs of random weights: nothing to read, and too big to copy back.
+    shutil.rmtree(run / "train" / "checkpoints", ignore_errors=True)
     metrics_file = run / "train" / "metrics.parquet"
     rows = metrics_log.read(metrics_file).to_pylist() if metrics_file.exists() else []
     steps = step_figures(rows, _weight_bytes(model_dir))

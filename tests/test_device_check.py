@@ -121,3 +121,4 @@ def test_the_1p5b_rl_part_runs_on_the_narrowed_config(tmp_path):
         for phase in ("sampling", "credit", "old_logprobs", "update", "refresh"):
             assert step["phases"][phase]["seconds"] > 0, (step["step"], phase)
     assert {"sampling", "credit", "update", "refresh"} <= set(report["phase_memory"])
+    assert not (tmp_path / "runs" / "rredcot" / "train" / "checkpoints").exists()  # GBs at the real size
