@@ -105,6 +105,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Callable
 
@@ -188,7 +189,7 @@ class Part:
 def skip_reason(part: Part, left_s: float, budget_s: float, has_vllm: bool) -> str | None:
     """Why ``part`` does not run now, or None."""
     if part.needs_vllm and not has_vllm:
-        return "vllm is not importable in this Python: pip install -e '.[vllm]' (no network on the lent machine: before)"
+        return "vllm is not importable in this Python: pip install -e '.[vllm]' (before the lease: no network there)"
     if part.estimate_s > left_s:
         return f"its estimate ({part.estimate_s:.0f} s on one H100) is over the {max(left_s, 0):.0f} s left of " \
                f"--budget-s {budget_s:.0f}"
@@ -237,7 +238,6 @@ def build_model_1p5b(model_dir: Path, device: str, quick: bool) -> dict:
     """A random-init Qwen2.5-Math-1.5B folder built from bench/configs/ (no hub): the weights, the
     character tokenizer, and beside it a question file of GSM8K training problems."""
     import torch
-    from itertools import islice
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rredcot_cli.benchmarks.gsm8k import parse_gold
@@ -290,8 +290,8 @@ def rl_overrides(method: str, model_dir: Path, device: str, shape: RLShape) -> l
         "train.eval_every=0", "train.save_every=0", "train.eval_problems=1", "train.eval_samples=1",
     ]
     if method == "rredcot":
-        # The forced-answer probe GSM8K's own template would be (boxed) does not survive an override's
-        # quoting; extractor=none has none, and this one costs the same forward per boundary.
+        # extractor=none has no forced-answer probe of its own; this is GSM8K's ("The final answer is
+        # $\boxed{...}$") less the box: about the same tokens scored per boundary.
         overrides.append("method.probe_template='The final answer is {answer}'")
     return overrides
 
@@ -409,18 +409,22 @@ class PhaseMemory:
     only the process's peak RSS so far is recorded (the --quick smoke run)."""
 
     def __init__(self, out: Path) -> None:
-        import threading
-
         import torch
 
         self.out, self.cuda = out, torch.cuda.is_available()
         self.open: list[str] = []
         self.peaks: dict[str, dict[str, float]] = {}
         self.device_used = 0
-        if self.cuda:
-            threading.Thread(target=self._poll, daemon=True).start()
+        self.polling = False
 
     def observe(self, event: str, name: str) -> None:
+        if self.cuda and not self.polling:
+            # Started at the first phase, not before: by then the trainer and the engine have set
+            # up CUDA their own way (and vLLM has profiled memory with the peak counters this resets).
+            import threading
+
+            threading.Thread(target=self._poll, daemon=True).start()
+            self.polling = True
         peak = self._take_peak()
         for phase in self.open:
             held = self.peaks.setdefault(phase, {})
