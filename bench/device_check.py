@@ -19,10 +19,10 @@ whole script. Copy both back. If the lease ended early, the next one runs what i
 
 What to read in the JSON (``parts``; each has ``status``: ok, failed, skipped or cut short):
 
-- ``grpo_1p5b`` / ``rredcot_1p5b``: ``after_warmup.seconds`` is the s/step beside each other (the
-  first step warms up and is left out), ``after_warmup.phase_seconds`` where it goes (sampling,
-  segment, credit, old_logprobs, update, refresh = the weight sync), ``steps[].phases`` each
-  step's seconds and tokens/s per phase, ``phase_memory`` the peak GPU memory per phase
+- ``grpo_1p5b`` / ``rredcot_1p5b``: ``after_warmup.s_per_step`` is the s/step beside each other
+  (the first step warms up and is left out), ``after_warmup.phases`` where it goes (sampling,
+  segment, credit, old_logprobs, update, refresh = the weight sync), ``steps[].phases`` and
+  ``steps[].rates`` each step's seconds and tokens/s per phase, ``phase_memory`` the peak GPU memory per phase
   (``device_used_gib``: the whole device, vLLM included; ``torch_allocated_gib``/``reserved``: the
   CUDA allocator of the training process), ``ended`` how the run ended.
 - ``logprobs``: max/p99 |log-prob difference| of vLLM vs the trainer per dtype and temperature;
@@ -104,12 +104,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from measure import one_update, optimizer_as_trained
+from measure import mean_step, one_update, optimizer_as_trained, train_steps
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -178,8 +177,7 @@ def main() -> None:
     print(json.dumps(result["parts"], indent=2))
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
     name: str
     run: Callable[[float], dict]  # takes the wall seconds left in the budget, returns the part's result
     estimate_s: float  # its expected wall time on one H100: the guard skips it when this no longer fits
@@ -220,8 +218,7 @@ def parts(device: str, quick: bool, work: Path, runs_dir: Path) -> list[Part]:
 # --------------------------------------------------------------------------- the 1.5B RL steps
 
 
-@dataclass(frozen=True)
-class RLShape:
+class RLShape(NamedTuple):
     prompts: int  # train.prompts_per_step
     samples: int  # sampling.n (the group size)
     max_new_tokens: int  # every completion runs to it: random weights never write EOS
@@ -299,8 +296,6 @@ def rl_overrides(method: str, model_dir: Path, device: str, shape: RLShape) -> l
 def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: bool, left_s: float) -> dict:
     """``rredcot train backend=vllm`` on the random-init 1.5B model for ``shape.steps`` steps of
     ``method``: per step and phase, seconds and tokens/s; per phase, peak GPU memory."""
-    from rredcot_cli.store import metrics_log
-
     if not (model_dir / "config.json").is_file():
         return {"status": "skipped", "why": "no model: part model_1p5b did not run or failed"}
     shape = RL_SHAPE_QUICK if quick else RL_SHAPE
@@ -311,7 +306,9 @@ def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: b
     memory_file = run / "phase_memory.json"
     command = [sys.executable, "-c", "from bench.device_check import train_child; train_child()",
                "train", f"run.dir={run}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(REPO), MEMORY_ENV: str(memory_file)}
+    # bench/ on the path as for a script (device_check imports measure), the repository for the
+    # verifier's name bench.device_check:wrote_text
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench")]), MEMORY_ENV: str(memory_file)}
     started = time.perf_counter()
     try:
         proc = subprocess.run(command, cwd=run, capture_output=True, text=True, env=env,
@@ -322,12 +319,11 @@ def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: b
         ended = f"cut short by --budget-s after {time.perf_counter() - started:.0f} s"
     # The final checkpoint is GBs of random weights: nothing to read, and too big to copy back.
     shutil.rmtree(run / "train" / "checkpoints", ignore_errors=True)
-    metrics_file = run / "train" / "metrics.parquet"
-    rows = metrics_log.read(metrics_file).to_pylist() if metrics_file.exists() else []
-    steps = step_figures(rows, _weight_bytes(model_dir))
-    report = {"method": method, "shape": shape.__dict__, "run_dir": str(run), "ended": ended,
+    steps = step_figures(train_steps(run / "train") if (run / "train" / "metrics.parquet").exists() else [],
+                         _weight_bytes(model_dir))
+    report = {"method": method, "shape": shape._asdict(), "run_dir": str(run), "ended": ended,
               "wall_seconds": round(time.perf_counter() - started, 1), "steps": steps,
-              "after_warmup": mean_figures(steps[1:] or steps),
+              "after_warmup": mean_step(steps[1:] or steps) if steps else None,
               "phase_memory": json.loads(memory_file.read_text()) if memory_file.exists() else None,
               "overrides": overrides}
     if ended != "ok":
@@ -335,44 +331,29 @@ def check_rl_1p5b(method: str, model_dir: Path, run: Path, device: str, quick: b
     return report
 
 
-# Phases of a step, as steptime names them, and what a phase's tokens/s counts: the positions the
-# credit method ran through the model for credit, the step's generated tokens for sampling and
-# the trainer's passes (bench/throughput.py's rule); refresh (the weight sync) gets GiB/s of
-# weights instead, and segment (text processing on the CPU) no rate.
-STEP_PHASES = ("sampling", "segment", "credit", "old_logprobs", "update", "refresh")
+# What a phase's tokens/s counts: the positions the credit method ran through the model for
+# credit, the step's generated tokens for sampling and the trainer's passes (bench/throughput.py's
+# rule); refresh (the weight sync) gets GiB/s of weights instead, segment (text on the CPU) no rate.
 RATED_PHASES = ("sampling", "credit", "old_logprobs", "update")
 
 
-def step_figures(rows: list[dict], weight_bytes: int) -> list[dict]:
-    """One entry per metrics row: the step's seconds, tokens, and per phase seconds and rate."""
-    figures, seen = [], 0
-    for row in rows:
-        generated, seen = row["tokens"] - seen, row["tokens"]
-        phases = {}
-        for name in STEP_PHASES:
-            seconds = row.get(f"seconds_{name}") or 0.0
-            figure = {"seconds": round(seconds, 3)}
-            if name == "refresh":
-                figure["weights_gib_per_s"] = round(weight_bytes / 2**30 / seconds, 2) if seconds else None
-            elif name in RATED_PHASES:
-                tokens = row.get("credit_forward_tokens") if name == "credit" else generated
-                figure["tokens_per_s"] = round(tokens / seconds, 1) if tokens and seconds else None
-            phases[name] = figure
-        figures.append({"step": row["step"], "seconds": round(row["seconds"], 3), "generated_tokens": generated,
+def step_figures(steps: list[dict], weight_bytes: int) -> list[dict]:
+    """``measure.train_steps``' steps as the JSON keeps them: each step's seconds, tokens and
+    metrics, its phases' seconds, and a rate per phase."""
+    figures = []
+    for step in steps:
+        row, phases = step["row"], step["phases"]
+        rates = {}
+        for name in RATED_PHASES:
+            count = row.get("credit_forward_tokens") if name == "credit" else step["tokens"]
+            rates[f"{name}_tokens_per_s"] = round(count / phases[name], 1) if count and phases[name] else None
+        refresh = phases["refresh"]
+        rates["refresh_weights_gib_per_s"] = round(weight_bytes / 2**30 / refresh, 2) if refresh else None
+        figures.append({"step": row["step"], "seconds": round(row["seconds"], 3), "tokens": step["tokens"],
                         "credit_forward_tokens": row.get("credit_forward_tokens"), "reward_mean": row["reward_mean"],
                         "loss": row["loss"], "grad_norm": row["grad_norm"], "sampler_kl": row.get("sampler_kl"),
-                        "phases": phases})
+                        "phases": {name: round(seconds, 3) for name, seconds in phases.items()}, "rates": rates})
     return figures
-
-
-def mean_figures(steps: list[dict]) -> dict | None:
-    """Mean step seconds and per-phase seconds over ``steps`` (None without any)."""
-    if not steps:
-        return None
-    mean = lambda values: round(sum(values) / len(values), 3)  # noqa: E731 - a one-line local
-    return {"steps": [s["step"] for s in steps], "seconds": mean([s["seconds"] for s in steps]),
-            "phase_seconds": {name: mean([s["phases"][name]["seconds"] for s in steps]) for name in STEP_PHASES},
-            "generated_tokens_per_s": mean([s["generated_tokens"] / s["seconds"] for s in steps])}
 
 
 def wrote_text(answer: str, gold: str) -> bool:

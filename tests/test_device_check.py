@@ -5,7 +5,6 @@ figures, and the 1.5B RL part end to end on the CPU build of vLLM with the confi
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -14,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.repo_scripts import REPO
+from tests.repo_scripts import REPO, load_script
 
-# Imported by its module name, as the RL part's child process imports it (its verifier is named
-# ``bench.device_check:wrote_text``), not loaded as a loose file: its dataclasses need the module.
-device_check = importlib.import_module("bench.device_check")
+device_check = load_script("bench/device_check.py")
 
 
 def test_a_part_whose_estimate_no_longer_fits_is_skipped_and_says_why(tmp_path):
@@ -54,29 +51,28 @@ def test_an_unknown_part_is_refused_with_the_valid_names(tmp_path):
     assert "rredcot_1p5b" in proc.stderr and not (tmp_path / "dc.json").exists()
 
 
-def _row(step, tokens, **seconds):
-    row = {"step": step, "tokens": tokens, "seconds": sum(seconds.values()), "reward_mean": 0.5, "loss": 0.1,
-           "grad_norm": 1.0, "sampler_kl": 0.0, "credit_forward_tokens": 3000}
-    row.update({f"seconds_{name}": seconds.get(name, 0.0) for name in device_check.STEP_PHASES})
-    return row
+def _step(step, tokens, **seconds):
+    """A step as measure.train_steps reads it from a run's metrics."""
+    from rredcot_cli.store.artifacts import PHASES
+
+    row = {"step": step, "seconds": sum(seconds.values()), "reward_mean": 0.5, "loss": 0.1, "grad_norm": 1.0,
+           "sampler_kl": 0.0, "credit_forward_tokens": 3000}
+    return {"row": row, "tokens": tokens, "phases": {name: seconds.get(name, 0.0) for name in PHASES}}
 
 
-def test_step_figures_take_each_steps_own_tokens_and_rate_each_phase():
-    rows = [_row(1, 1000, sampling=2.0, credit=1.0, update=4.0, refresh=0.5),
-            _row(2, 3000, sampling=4.0, credit=2.0, old_logprobs=1.0, update=5.0, refresh=0.25, segment=0.1)]
-    steps = device_check.step_figures(rows, weight_bytes=2**31)
-    assert [s["generated_tokens"] for s in steps] == [1000, 2000]  # the metrics' tokens are cumulative
-    second = steps[1]["phases"]
-    assert second["sampling"]["tokens_per_s"] == 500.0  # 2000 generated / 4 s
-    assert second["credit"]["tokens_per_s"] == 1500.0  # the credit method's 3000 forward positions / 2 s
-    assert second["old_logprobs"]["tokens_per_s"] == 2000.0
-    assert second["update"]["tokens_per_s"] == 400.0
-    assert second["refresh"] == {"seconds": 0.25, "weights_gib_per_s": 8.0}  # 2 GiB synced in 0.25 s
-    assert "tokens_per_s" not in second["segment"]
-    assert steps[0]["phases"]["old_logprobs"] == {"seconds": 0.0, "tokens_per_s": None}  # a phase that did not run
-    mean = device_check.mean_figures(steps[1:])
-    assert mean["steps"] == [2] and mean["phase_seconds"]["update"] == 5.0
-    assert device_check.mean_figures([]) is None
+def test_step_figures_rate_each_phase_by_what_it_processed():
+    steps = [_step(1, 1000, sampling=2.0, credit=1.0, update=4.0, refresh=0.5),
+             _step(2, 2000, sampling=4.0, credit=2.0, old_logprobs=1.0, update=5.0, refresh=0.25, segment=0.1)]
+    figures = device_check.step_figures(steps, weight_bytes=2**31)
+    rates = figures[1]["rates"]
+    assert rates["sampling_tokens_per_s"] == 500.0  # 2000 generated / 4 s
+    assert rates["credit_tokens_per_s"] == 1500.0  # the credit method's 3000 forward positions / 2 s
+    assert rates["old_logprobs_tokens_per_s"] == 2000.0
+    assert rates["update_tokens_per_s"] == 400.0
+    assert rates["refresh_weights_gib_per_s"] == 8.0  # 2 GiB synced in 0.25 s
+    assert not any(key.startswith("segment") for key in rates)
+    assert figures[0]["rates"]["old_logprobs_tokens_per_s"] is None  # a phase that did not run
+    assert figures[1]["phases"]["update"] == 5.0 and figures[1]["tokens"] == 2000
 
 
 def test_a_run_cut_short_by_the_budget_still_reports(tmp_path):
@@ -114,11 +110,12 @@ def test_the_1p5b_rl_part_runs_on_the_narrowed_config(tmp_path):
     report = device_check.check_rl_1p5b("rredcot", model_dir, tmp_path / "runs" / "rredcot", "cpu", quick=True,
                                         left_s=float("inf"))
     assert report["ended"] == "ok", report.get("stderr_tail")
-    assert [s["step"] for s in report["steps"]] == [1, 2] and report["after_warmup"]["steps"] == [2]
+    assert [s["step"] for s in report["steps"]] == [1, 2] and report["after_warmup"]["steps_averaged"] == [2]
     for step in report["steps"]:
-        assert step["generated_tokens"] == 2 * 2 * 16  # random weights never stop: every completion to the budget
+        assert step["tokens"] == 2 * 2 * 16  # random weights never stop: every completion to the budget
         assert step["credit_forward_tokens"] > 0  # RREDCoT valued its boundaries
         for phase in ("sampling", "credit", "old_logprobs", "update", "refresh"):
-            assert step["phases"][phase]["seconds"] > 0, (step["step"], phase)
+            assert step["phases"][phase] > 0, (step["step"], phase)
+        assert step["rates"]["sampling_tokens_per_s"] > 0 and step["rates"]["refresh_weights_gib_per_s"] > 0
     assert {"sampling", "credit", "update", "refresh"} <= set(report["phase_memory"])
     assert not (tmp_path / "runs" / "rredcot" / "train" / "checkpoints").exists()  # GBs at the real size
