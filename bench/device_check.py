@@ -8,14 +8,17 @@ installed there, ``pip install -e ".[vllm,test]"``):
     python -c "import torch, vllm; print(torch.cuda.get_device_name(0), vllm.__version__)"   # ~10 s
     python bench/device_check.py --out results/device-check/<card>.json                      # ~6-8 min
 
-The second command stops itself within ``--budget-s`` (default 480 s: a 10-minute lease less the
-machine's start and copying the results back); every part has an estimate of its H100 wall time
-and one whose estimate no longer fits the time left is skipped, its ``why`` in the JSON. The JSON
-is rewritten after every part, so a run cut short keeps what finished, and the RL runs write
-their folders beside it (``<card>-runs/grpo/``, ``<card>-runs/rredcot/``: ``train/metrics.parquet``
-after every step and ``phase_memory.json`` after every phase), which survive even a kill of the
-whole script. Copy both back. If the lease ended early, the next one runs what is missing:
-``--only rredcot_1p5b`` (after ``model_1p5b``, which it needs), or the checks after them.
+The second command keeps to ``--budget-s`` (default 480 s: a 10-minute lease less the machine's
+start and copying the results back): every part has an estimate of its H100 wall time, one whose
+estimate no longer fits the time left is not started (its ``why`` in the JSON), and an RL run
+still going when the budget runs out is stopped (``cut short``, with the steps it finished). The
+checks that run in this process cannot be stopped midway: one that overran its estimate by a lot
+is the one figure to distrust. The JSON is rewritten after every part, so a run cut short keeps
+what finished, and the RL runs write their folders beside it (``<card>-runs/grpo/``,
+``<card>-runs/rredcot/``: ``train/metrics.parquet`` after every step and ``phase_memory.json``
+after every phase), which survive even a kill of the whole script. Copy both back. If the lease
+ended early, the next one runs what is missing: ``--only model_1p5b rredcot_1p5b`` (the RL parts
+need the model part of the same run), or ``--only logprobs sync memory``.
 
 What to read in the JSON (``parts``; each has ``status``: ok, failed, skipped or cut short):
 
@@ -108,7 +111,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from measure import mean_step, one_update, optimizer_as_trained, train_steps
+from measure import mean_step, one_update, optimizer_as_trained, proc_status, reset_peak_rss, train_steps
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -386,8 +389,8 @@ class PhaseMemory:
     """Peak memory per phase of the train loop, over all steps: the CUDA caching allocator's peak
     allocated and reserved bytes in this process (the trainer and the in-process vLLM engine) and
     the device's used memory (total - free, whatever allocator or process holds it) polled every
-    20 ms. A phase opened inside another (old_logprobs inside update) counts in both. Without CUDA
-    only the process's peak RSS so far is recorded (the --quick smoke run)."""
+    20 ms; and the process's resident peak (``host_peak_rss_gib``, the only figure without CUDA).
+    A phase opened inside another (old_logprobs inside update) counts in both."""
 
     def __init__(self, out: Path) -> None:
         import torch
@@ -420,17 +423,16 @@ class PhaseMemory:
 
     def _take_peak(self) -> dict[str, float]:
         """The peaks since the last call, in GiB; the counters restart from here."""
-        import resource
-
         import torch
 
-        if not self.cuda:
-            return {"host_peak_rss_gib_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-        peak = {"torch_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-                "torch_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-                "device_used_gib": max(self.device_used, self._used()) / 2**30}
-        torch.cuda.reset_peak_memory_stats()
-        self.device_used = self._used()
+        peak = {"host_peak_rss_gib": proc_status("VmHWM") / 2**30}
+        reset_peak_rss()
+        if self.cuda:
+            peak.update(torch_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+                        torch_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+                        device_used_gib=max(self.device_used, self._used()) / 2**30)
+            torch.cuda.reset_peak_memory_stats()
+            self.device_used = self._used()
         return peak
 
     def _poll(self) -> None:
