@@ -24,10 +24,11 @@ What to read in the JSON (``parts``; each has ``status``: ok, failed, skipped or
 
 - ``grpo_1p5b`` / ``rredcot_1p5b``: ``after_warmup.s_per_step`` is the s/step beside each other
   (the first step warms up and is left out), ``after_warmup.phases`` where it goes (sampling,
-  segment, credit, old_logprobs, update, refresh = the weight sync), ``steps[].phases`` and
-  ``steps[].rates`` each step's seconds and tokens/s per phase, ``phase_memory`` the peak GPU memory per phase
-  (``device_used_gib``: the whole device, vLLM included; ``torch_allocated_gib``/``reserved``: the
-  CUDA allocator of the training process), ``ended`` how the run ended.
+  segment, credit, old_logprobs, update, refresh = wake-up and weight sync), ``steps[].phases``
+  and ``steps[].rates`` each step's seconds and tokens/s per phase, ``phase_memory`` the peak
+  memory per phase (``device_used_gib``: the whole GPU, vLLM included; ``torch_allocated_gib`` and
+  ``torch_reserved_gib``: the CUDA allocator of the training process; ``host_peak_rss_gib``),
+  ``ended`` how the run ended.
 - ``logprobs``: max/p99 |log-prob difference| of vLLM vs the trainer per dtype and temperature;
   ``sync``: memory freed by sleep, the mismatch after a sync (should be at float rounding);
   ``memory``: peak memory of one 0.5B update; then ``throughput``, ``train``, ``colocated``.
