@@ -26,10 +26,9 @@ retained heap.
     python bench/memory.py --quick                         # one small point, < 1 min
     python bench/memory.py --plan full --out results/memory/memory.json
     python bench/memory.py --models qwen2.5-0.5b --lengths 1024 --options all,lora_all --layers 2,6
-    python bench/memory.py --derive results/memory/memory.json  # fits-on tables (docs/studies/memory.md)
 
-``--derive`` runs bench/memory_derive.py: the measurements turned into whole-model, GPU-side
-estimates (docs/studies/memory.md says how), written beside the input as memory_derived.json.
+The fits-on tables (whole-model, GPU-side estimates from these measurements) are
+bench/memory_derive.py's: ``python bench/memory_derive.py results/memory/memory.json``.
 """
 
 from __future__ import annotations
@@ -418,8 +417,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true", help="keep the finished points already in --out")
     parser.add_argument("--cap-gb", type=float, default=20.0, help="address-space cap per child in GiB (default 20)")
     parser.add_argument("--timeout-min", type=float, default=45.0, help="per-point time limit in minutes")
-    parser.add_argument("--derive", type=Path, metavar="MEMORY_JSON",
-                        help="derive whole-model GPU estimates and fits-on tables from a measurement file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-result", help=argparse.SUPPRESS)
     parser.add_argument("--cap-bytes", type=int, default=0, help=argparse.SUPPRESS)
@@ -427,12 +424,6 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.child:
         _child_main(args.child, args.child_result, args.cap_bytes)
-        return
-    if args.derive:
-        # imported here: the derivation reads this file's tables, and only --derive needs it
-        from memory_derive import derive
-
-        derive(args.derive)
         return
     if args.quick:
         points = plan("quick")

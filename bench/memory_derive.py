@@ -3,7 +3,6 @@
 the tables as markdown.
 
     python bench/memory_derive.py results/memory/memory.json
-    python bench/memory.py --derive results/memory/memory.json      # the same
 
 Bytes of parameters, gradients and AdamW moments are exact arithmetic from config.json; the rest of
 an update's memory comes from the measured per-phase peaks, extrapolated linearly in depth (each
