@@ -48,6 +48,20 @@ def test_live_rows_draw_what_multinomial_over_the_batch_draws(threads):
         torch.set_num_threads(previous)
 
 
+def test_a_torch_whose_exponentials_differ_keeps_the_whole_batch_draw(monkeypatch):
+    """supported() checks the stream layout it reproduces against this torch's exponential_."""
+    assert row_stream.supported(torch.device("cpu")) and not row_stream.supported(torch.device("meta"))
+    monkeypatch.setattr(row_stream, "_exponentials", lambda numbers, generator=None: torch.empty(numbers).exponential_(
+        generator=generator) + 1e-7)
+    row_stream._layout_holds.cache_clear()
+    try:
+        assert not row_stream.supported(torch.device("cpu"))
+    finally:
+        monkeypatch.undo()
+        row_stream._layout_holds.cache_clear()
+    assert row_stream.supported(torch.device("cpu"))
+
+
 def test_sample_rejects_probs_that_do_not_fit_the_rows():
     with pytest.raises(ValueError, match="probs of shape"):
         row_stream.RowStream(4, 10).sample(torch.full((2, 10), 0.1), [0, 1, 2])
