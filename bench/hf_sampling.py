@@ -70,11 +70,12 @@ def main() -> None:
     ap.add_argument("--shapes", default="short,long")
     ap.add_argument("--out", default=str(ROOT / "results" / "real-model-speed" / "hf_sampling.json"))
     args = ap.parse_args()
+    after_commit = _commit(ROOT)  # before the runs: a commit made while they run is not theirs
     runs = []
     for shape in args.shapes.split(","):
         for label, code in (("before", Path(args.before).resolve()), ("after", ROOT)):
             runs.append({"shape": shape, "code": label, **measure(code, shape)})
-    record = {"measured": dt.datetime.now().isoformat(timespec="seconds"), "after_commit": _commit(ROOT),
+    record = {"measured": dt.datetime.now().isoformat(timespec="seconds"), "after_commit": after_commit,
               "before_commit": args.before_commit, "seed": 0, "model": MODEL, "threads": 1,
               "nproc": os.cpu_count(), "shapes": {k: shlex.join(v) for k, v in SHAPES.items()}, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -200,7 +200,7 @@ def decode_driver(args: argparse.Namespace) -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lengths = [len(c.token_ids) for g in groups for c in g]
     print("DECODE_RESULT " + json.dumps({
-        "backend": args.backend, "case": args.case, "code": str(Path(sys.modules["rredcot_cli"].__file__).parent), "model": args.model or long_model or "embedded", **engine,
+        "backend": args.backend, "case": args.case, "rredcot_cli": str(Path(sys.modules["rredcot_cli"].__file__).parent), "model": args.model or long_model or "embedded", **engine,
         "n": params.n, "max_new_tokens": params.max_new_tokens, "completions": len(lengths), "tokens": sum(lengths),
         "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
