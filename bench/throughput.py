@@ -31,7 +31,8 @@ chains with ``experiment=long_chains``' completion budget (1,264 tokens; long co
 short prompts, as in the long-chain study). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
 ``--decode-driver --model M`` (bench/real_model.py) decodes with model M instead, its prompts
 formatted as ``rredcot train`` formats them (``model.chat_template=auto``), on ``--benchmark``'s
-train split with ``--n`` samples and ``--max-new-tokens``; ``--enforce-eager`` is vLLM's. The
+train split (``--prompts`` of them, 8 by default) with ``--n`` samples and ``--max-new-tokens``
+(``--ignore-eos``: every row runs to it, HF only); ``--enforce-eager`` is vLLM's. The
 driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (the engine's
 constructor alone).
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import statistics
@@ -184,7 +186,11 @@ def decode_driver(args: argparse.Namespace) -> None:
                                           if case["steps"] else {}))
     # policy.chat_template is False unless --model: the plain prompts as before
     prompts = [encode_prompt(policy.tokenizer, format_prompt(policy.tokenizer, bench.prompt(p), policy.chat_template),
-                             policy.chat_template) for p in bench.load("train", limit=8)]
+                             policy.chat_template) for p in bench.load("train", limit=args.prompts)]
+    if args.ignore_eos:  # every row runs to max_new_tokens (bench/hf_sampling.py's long shape); -1: no model samples it
+        if backend != "hf":
+            raise SystemExit("--ignore-eos: hf backends only")
+        policy.backend.eos_ids = [-1]
     params = SamplingParams(n=args.n or 8, max_new_tokens=args.max_new_tokens or case["max_new_tokens"], temperature=1.0)
     policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
     c0, t0 = time.process_time(), time.perf_counter()
@@ -192,11 +198,13 @@ def decode_driver(args: argparse.Namespace) -> None:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lengths = [len(c.token_ids) for g in groups for c in g]
     print("DECODE_RESULT " + json.dumps({
-        "backend": args.backend, "case": args.case, "model": args.model or long_model or "embedded", **engine,
+        "backend": args.backend, "case": args.case, "rredcot_cli": str(Path(sys.modules["rredcot_cli"].__file__).parent), "model": args.model or long_model or "embedded", **engine,
         "n": params.n, "max_new_tokens": params.max_new_tokens, "completions": len(lengths), "tokens": sum(lengths),
         "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
-        "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu}))
+        "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu,
+        # the samples themselves: equal hashes = the same token ids in the same order
+        "tokens_sha256": hashlib.sha256(json.dumps([c.token_ids for g in groups for c in g]).encode()).hexdigest()}))
 
 
 # =========================================================================== the bench
@@ -449,6 +457,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--enforce-eager", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
     ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")
