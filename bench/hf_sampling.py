@@ -7,7 +7,7 @@ item 2: the short-answer tail and ~1,000-token completions).
 Each measurement is one ``bench/throughput.py --decode-driver --backend hf`` process (one torch
 thread, a warm-up call, then one timed ``generate`` call) on SmolLM2-135M-Instruct in fp32, seed 0,
 run with ``PYTHONPATH`` = the code under test (``--before``: a source tree of the old commit with
-``conf`` linked as ``rredcot_cli/conf``, as its editable install would map it; after: this
+``conf`` linked inside the package, as its editable install would map it; after: this
 checkout). Shapes: *short* = arith, 8 prompts x 4 samples, up to 128 new tokens (the committed vLLM
 standalone figure's shape); *long* = gsm8k, 2 prompts x 2 samples, EOS ignored so that every row
 decodes 1,024 tokens. Before and after alternate within a shape; ``/proc/loadavg`` is read before
