@@ -52,3 +52,15 @@ for b in $(seq 1 10); do judge runs/jd2-b$b 2 b$((b + 5)) > $J/logs/b$((b + 5)).
 tables() { for b in $(seq 1 15); do printf '%s,' $J/judge/b$b/judge-$1/credit_quality.parquet; done | sed 's/,$//'; }
 python bench/judge_compare.py answer_probe=$(tables answer-probe) suffix_is=$(tables suffix-is) \
   answer_share=$(tables answer-share) --out $J/judge_compare.json | tee $J/judge_table.md
+
+# How it actually ran (2026-12-06): the judge loop above ran as a script from 12:10 UTC; at 13:00 a
+# second worker started on the new batches from the end (runs/jd2-b10 down to b6; its logs are the
+# *-w2.txt files) to take a larger share of the busy CPU. The two met at runs/jd2-b8: the first
+# worker's judge of it was refused by the run-folder lock while the second's wrote it, and the
+# first worker stopped there (logs/b13.txt); the second found jd2-b7 and b6 already judged and
+# skipped them ("up to date"). Every batch was judged once, with the same commit and commands.
+# Batch 6 (runs/jd2-b1) computed its MC reference in 13 min, busy.
+
+# --- exploratory, written after the results were seen (not in PLAN.md): the same inner boundaries
+# split into decided (the closed Answer: line is in the prefix) and undecided ones
+python $J/undecided.py > $J/undecided.md
