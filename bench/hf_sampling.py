@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--before", required=True, help="source tree of the old code (rredcot_cli/ and conf/)")
     ap.add_argument("--before-commit", default="", help="the commit --before was taken from, for the record")
     ap.add_argument("--shapes", default="short,long")
-    ap.add_argument("--out", default=str(ROOT / "results" / "real-model-speed" / "hf_sampling.json"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "hf_sampling.json"))
     args = ap.parse_args()
     after_commit = _commit(ROOT)  # before the runs: a commit made while they run is not theirs
     runs = []
