@@ -64,3 +64,9 @@ python bench/judge_compare.py answer_probe=$(tables answer-probe) suffix_is=$(ta
 # --- exploratory, written after the results were seen (not in PLAN.md): the same inner boundaries
 # split into decided (the closed Answer: line is in the prefix) and undecided ones
 python $J/undecided.py > $J/undecided.md
+
+# --- the first 5 batches alone, re-judged with the decided answer line (against ../multiline/'s
+# table without it): the rule's own effect on the same traces and references
+tables5() { for b in 1 2 3 4 5; do printf '%s,' $J/judge/b$b/judge-$1/credit_quality.parquet; done | sed 's/,$//'; }
+python bench/judge_compare.py answer_probe=$(tables5 answer-probe) suffix_is=$(tables5 suffix-is) \
+  answer_share=$(tables5 answer-share) --out $J/judge_compare_b1-5.json > $J/judge_table_b1-5.md
