@@ -69,6 +69,10 @@ esac
 
 mapfile -t BUDGET < <(proto budget)
 mapfile -t ARMS < <(proto "$arm_group")
+if (( ${#ARMS[@]} == 0 )); then
+  echo "setting $setting registers no $phase arms in $PROTOCOL; nothing to run"
+  exit 0
+fi
 mapfile -t SEEDS < <(proto eval_seeds)
 mapfile -t LRS < <(proto lr_sweep lrs)
 mapfile -t TUNING < <(proto lr_sweep tuning_seeds)
