@@ -81,6 +81,8 @@ SEED = 0
 PROMPTS, SAMPLES, MAX_NEW = 8, 4, 128
 UPDATES_PER_BATCH, MINIBATCH, MICRO_BATCH_TOKENS, HEAD_CHUNK = 2, 32, 1024, 1024  # conf/config.yaml defaults
 GOALS = {"update_over_bound": 2.0, "vllm_over_train_sampling": 1.5, "peak_rss_over_floor": 1.5}
+# issue 42 item 3: RREDCoT's step within 1.2x GRPO's (the paper reports 1.5-2x); the others as issue 27's
+LONG_GOALS = {"rredcot_over_grpo_step": 1.2, **GOALS}
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 MD_BEGIN, MD_END = "<!-- bench/real_model.py: generated, begin -->", "<!-- bench/real_model.py: generated, end -->"
 
@@ -96,6 +98,84 @@ def train_args(benchmark: str, steps: int, smoke: bool) -> list[str]:
             f"sampling.max_new_tokens={MAX_NEW}", "method=grpo", f"train.steps={steps}", "train.eval_every=0",
             "train.eval_problems=2", "train.eval_samples=1", "train.save_every=0", f"seed={SEED}",
             "backend.num_threads=1"]
+
+
+# The long-chain shape (issue 42 item 3): GSM8K at a 1,024-token budget, one step. The test split's
+# first prompts in their own order (no train.data_order_seed) were chosen because a group there is
+# mixed at SmolLM2's pass@1 of ~0.02-0.06 (gsm8k/test/1 got 1 of 4 right in issue 37's samples):
+# with every reward 0, GRPO skips its update and the RREDCoT / GRPO ratio means nothing. A timing
+# profile, not an accuracy claim.
+LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW, LONG_SPLIT = 2, 8, 1024, "test"
+LONG_SEEDS = (0, 1)  # the second only when the first samples no mixed group
+# (label, method, backend): GRPO and RREDCoT on HF share step 1's samples (same seed and stream)
+LONG_RUNS = (("grpo-hf", "grpo", "hf"), ("rredcot-hf", "rredcot", "hf"), ("rredcot-vllm", "rredcot", "vllm"))
+
+
+def long_train_args(method: str, backend: str, seed: int, smoke: bool) -> list[str]:
+    """One step of ``method`` at the long-chain shape (``--smoke``: the embedded model, tiny budgets)."""
+    if smoke:
+        shape = ["model=tiny", "benchmark=chain", f"benchmark.train_split={LONG_SPLIT}", "train.prompts_per_step=2",
+                 "sampling.n=2", "sampling.max_new_tokens=16"]
+    else:
+        shape = [f"model={MODEL}", "benchmark=gsm8k", f"benchmark.train_split={LONG_SPLIT}",
+                 f"train.prompts_per_step={LONG_PROMPTS}", f"sampling.n={LONG_SAMPLES}",
+                 f"sampling.max_new_tokens={LONG_MAX_NEW}"]
+    backend_args = ["backend=vllm", "backend.enforce_eager=true"] if backend == "vllm" else []
+    return [*shape, f"method={method}", *backend_args, "train.steps=1", "train.eval_every=0",
+            "train.eval_problems=1", "train.eval_samples=1", "train.save_every=0", f"seed={seed}",
+            "backend.num_threads=1"]
+
+
+def rollout_groups(step_dir: Path) -> dict:
+    """A saved step's rewards per prompt, whether a group is mixed, and a hash of its samples (equal
+    hashes: the same completions, token for token, in the same order)."""
+    import hashlib
+
+    samples = sorted(pq.read_table(step_dir / "sample" / "samples.parquet").to_pylist(),
+                     key=lambda r: (r["prompt_id"], r["sample_idx"]))
+    rewards: dict[str, list[float]] = {}
+    for r in samples:
+        rewards.setdefault(r["prompt_id"], []).append(r["reward"])
+    digest = hashlib.sha256(json.dumps([[r["prompt_id"], r["sample_idx"], list(r["completion_token_ids"])]
+                                        for r in samples]).encode()).hexdigest()
+    return {"rewards": rewards, "mixed_groups": [k for k, v in rewards.items() if min(v) < max(v)],
+            "completions_sha256": digest}
+
+
+def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> None:
+    """The long-chain shape's runs: GRPO then RREDCoT on HF (a second seed when the first samples no
+    mixed group), RREDCoT on vLLM, then the standalone decode of the same prompts on HF and vLLM."""
+    env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
+    vllm = vllm_importable(vllm_python)
+    data["seeds_tried"] = []
+    for seed in LONG_SEEDS:
+        data["seed"] = seed
+        data["seeds_tried"].append(seed)
+        for label, method, backend in LONG_RUNS:
+            if backend == "vllm" and not vllm:
+                print(f"no vLLM run: {vllm_python} cannot import vllm and rredcot_cli", flush=True)
+                continue
+            python = vllm_python if backend == "vllm" else sys.executable
+            row = run_train("gsm8k", 1, work, data["shapes"], data["matmul"], smoke, label=f"{label}-seed{seed}",
+                            args=long_train_args(method, backend, seed, smoke), python=python, env=env)
+            row.update(method=method, backend=backend, seed=seed)
+            step_dir = work / f"{label}-seed{seed}" / "train" / "rollouts" / "step-000001"
+            if (step_dir / "sample" / "samples.parquet").exists():
+                row["groups"] = rollout_groups(step_dir)
+            data["training"].append(row)
+            save()
+            if method == "grpo" and not row.get("groups", {}).get("mixed_groups"):
+                print(f"seed {seed}: no mixed group, GRPO's update did not run", flush=True)
+                break
+        else:
+            break
+    shape = ["--split", LONG_SPLIT, "--prompts", str(2 if smoke else LONG_PROMPTS), "--n", str(2 if smoke else LONG_SAMPLES),
+             "--max-new-tokens", str(16 if smoke else LONG_MAX_NEW)]
+    data["decode"].append(run_decode("hf", sys.executable, "gsm8k", smoke, shape, env))
+    save()
+    if vllm:
+        data["decode"].append(run_decode("vllm", vllm_python, "gsm8k", smoke, shape, env))
+        save()
 
 
 # =========================================================================== model shapes
@@ -195,15 +275,21 @@ def step_work(step_dir: Path, shapes: dict, old_pass: bool) -> dict:
             "flops_attention_executed": passes * attention if signal else 0}
 
 
-def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict, smoke: bool) -> dict:
-    run_dir = work / benchmark
-    args = train_args(benchmark, steps, smoke)
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "rredcot_cli", "train", *args, "train.save_rollouts=1",
+def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict, smoke: bool,
+              label: str | None = None, args: list[str] | None = None, python: str = sys.executable,
+              env: dict = THREAD_ENV) -> dict:
+    """One ``rredcot train`` (``args``, the issue's by default) in ``work/label`` with ``python``."""
+    label = label or benchmark
+    run_dir = work / label
+    args = args or train_args(benchmark, steps, smoke)
+    cmd = ["/usr/bin/time", "-v", python, "-m", "rredcot_cli", "train", *args, "train.save_rollouts=1",
            f"run.dir={run_dir}", "run.overwrite=true"]
-    proc, info, _ = run_watched(cmd, THREAD_ENV, f"train {benchmark}")
+    proc, info, _ = run_watched(cmd, env, f"train {label}")
     info["command"] = info["command"].replace(str(work), "$WORK")
     result = {"benchmark": benchmark, "issue_args": args, **info, "peak_rss_bytes": _max_rss(proc.stderr),
               "cpu_share": info["cpu_s"] / info["wall_s"]}
+    if label != benchmark:
+        result["run"] = label
     if proc.returncode:
         return result
     train_dir = run_dir / "train"
@@ -215,7 +301,7 @@ def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict,
         bound = (work_["flops_bound_body"] / (rates["body_gflops"] * 1e9)
                  + work_["flops_bound_head"] / (rates["head_gflops"] * 1e9))
         steps_out.append({"step": row["step"], "seconds": row["seconds"], "tokens": tokens,
-                          "credit_forward_tokens": None, "phases": phases, "reward_mean": row["reward_mean"],
+                          "credit_forward_tokens": row.get("credit_forward_tokens"), "phases": phases, "reward_mean": row["reward_mean"],
                           "entropy": row["entropy"], "grad_norm": row["grad_norm"], **work_,
                           "update_bound_s": bound if work_["signal"] else None,
                           "update_over_bound": phases["update"] / bound if work_["signal"] and bound else None,
@@ -252,13 +338,16 @@ def run_train(benchmark: str, steps: int, work: Path, shapes: dict, rates: dict,
 # =========================================================================== standalone decode
 
 
-def run_decode(backend: str, python: str, benchmark: str, smoke: bool) -> dict:
+def run_decode(backend: str, python: str, benchmark: str, smoke: bool, shape: list[str] | None = None,
+               env: dict = THREAD_ENV) -> dict:
+    """One standalone decode call; ``shape``: the driver's prompt/sample/length arguments (the issue's
+    8 x 4 x 128 by default)."""
+    shape = shape or ["--n", str(SAMPLES), "--max-new-tokens", str(16 if smoke else MAX_NEW)]
     cmd = ["/usr/bin/time", "-v", python, str(HERE / "throughput.py"), "--decode-driver", "--backend", backend,
-           "--model", "embedded" if smoke else MODEL_PATH, "--benchmark", "chain" if smoke else benchmark,
-           "--n", str(SAMPLES), "--max-new-tokens", str(16 if smoke else MAX_NEW)]
+           "--model", "embedded" if smoke else MODEL_PATH, "--benchmark", "chain" if smoke else benchmark, *shape]
     if backend == "vllm":
         cmd.append("--enforce-eager")
-    proc, info, _ = run_watched(cmd, THREAD_ENV, f"decode {backend} {benchmark}")
+    proc, info, _ = run_watched(cmd, env, f"decode {backend} {benchmark}")
     result = {"backend": backend, "benchmark": benchmark, **info, "peak_rss_bytes": _max_rss(proc.stderr)}
     decoded = result_line(proc.stdout, "DECODE_RESULT")
     if decoded:
@@ -468,6 +557,48 @@ def goals(data: dict) -> dict:
     return out
 
 
+def _long_run(data: dict, label: str) -> dict | None:
+    """The long shape's run ``label`` (grpo-hf, ...) at the seed it settled on, None if it did not finish."""
+    return next((r for r in data["training"] if r.get("run") == f"{label}-seed{data['seed']}" and r.get("mean")), None)
+
+
+def long_goals(data: dict) -> dict:
+    """The long shape's goals: RREDCoT's step / GRPO's (HF, the same samples), each backend's train
+    sampling against vLLM standalone, the update against its matmul bound, peak RSS / floor."""
+    out = {}
+    grpo, vllm = _long_run(data, "grpo-hf"), next((d for d in data["decode"] if d["backend"] == "vllm"
+                                                   and "tokens_per_s" in d), None)
+    for label in ("rredcot-hf", "rredcot-vllm"):
+        r = _long_run(data, label)
+        if r and grpo:
+            ratio = r["mean"]["s_per_step"] / grpo["mean"]["s_per_step"]
+            out[f"rredcot_over_grpo_step/{label}"] = {
+                "ratio": ratio, "goal": LONG_GOALS["rredcot_over_grpo_step"],
+                "met": ratio <= LONG_GOALS["rredcot_over_grpo_step"], "grpo_update_ran": bool(grpo["mean"].get(
+                    "update_steps_with_passes")), "others_cores": [grpo["others_cores_mean"], r["others_cores_mean"]]}
+    for label in ("grpo-hf", "rredcot-hf", "rredcot-vllm"):
+        r = _long_run(data, label)
+        if not r:
+            continue
+        m = r["mean"]
+        if vllm:
+            ratio = vllm["tokens_per_s"] / m["sampling_tokens_per_s"]
+            out[f"vllm_over_train_sampling/{label}"] = {
+                "ratio": ratio, "goal": LONG_GOALS["vllm_over_train_sampling"],
+                "met": ratio <= LONG_GOALS["vllm_over_train_sampling"],
+                "others_cores": [r["others_cores_mean"], vllm["others_cores_mean"]]}
+        if m.get("update_over_bound") is not None:
+            out[f"update_over_bound/{label}"] = {"ratio": m["update_over_bound"], "goal": LONG_GOALS["update_over_bound"],
+                                                 "met": m["update_over_bound"] <= LONG_GOALS["update_over_bound"],
+                                                 "others_cores": r["others_cores_mean"]}
+        if r.get("peak_rss_over_floor"):
+            out[f"peak_rss_over_floor/{label}"] = {"ratio": r["peak_rss_over_floor"],
+                                                   "goal": LONG_GOALS["peak_rss_over_floor"],
+                                                   "met": r["peak_rss_over_floor"] <= LONG_GOALS["peak_rss_over_floor"],
+                                                   "others_cores": r["others_cores_mean"]}
+    return out
+
+
 def _gb(b) -> str:
     return f"{b / 2**30:.2f}" if b else "-"
 
@@ -630,6 +761,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="the plumbing on the embedded model, tiny budgets")
+    ap.add_argument("--shape", choices=("short", "long"), default="short",
+                    help="long: issue 42 item 3's long-chain profile (GSM8K, 1,024 tokens, one step each of "
+                    "GRPO and RREDCoT on HF and RREDCoT on vLLM, and the standalone decode of the same prompts)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "real-model-speed" / "real_model_speed.json"))
     ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
@@ -640,7 +774,8 @@ def main() -> None:
     if args.profile_driver:
         return profile_driver(args)
     if args.write_md:
-        return write_md(json.loads(Path(args.write_md).read_text()), Path(args.md))
+        data = json.loads(Path(args.write_md).read_text())
+        return (write_long_md if data.get("shape") == "long" else write_md)(data, Path(args.md))
 
     started = time.perf_counter()
     work = Path(args.work or tempfile.mkdtemp(prefix="rredcot-real-model-"))
@@ -663,6 +798,9 @@ def main() -> None:
             "dirty": [ln.split(maxsplit=1)[1] for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()],
             "machine": machine_info(), "smoke": args.smoke, "model": MODEL, "model_path": MODEL_PATH,
             "seed": SEED, "steps": args.steps, "root": str(ROOT), "shapes": shapes, "goals_target": GOALS, "training": [], "decode": []}
+    if args.shape == "long":
+        data.update(shape="long", steps=1, goals_target=LONG_GOALS, long_shape={
+            "prompts": LONG_PROMPTS, "samples": LONG_SAMPLES, "max_new_tokens": LONG_MAX_NEW, "split": LONG_SPLIT})
     if "matmul" not in data:
         print(f"[{dt.datetime.now():%H:%M:%S}] matmul rates", flush=True)
         data["matmul"] = matmul_rates(shapes)
@@ -672,9 +810,15 @@ def main() -> None:
 
     def save() -> None:
         data["total_wall_s"] = previous + time.perf_counter() - started
-        data["goals"] = goals(data)
+        data["goals"] = long_goals(data) if args.shape == "long" else goals(data)
         out.write_text(json.dumps(finite(data), indent=1))
 
+    if args.shape == "long":
+        run_long(data, work, args.vllm_python, args.smoke, save)
+        if args.md:
+            write_long_md(data, Path(args.md))
+        print(f"wrote {out} in {data['total_wall_s'] / 60:.1f} min", flush=True)
+        return
     for benchmark in [b for b in args.benchmarks.split(",") if b]:
         data["training"].append(run_train(benchmark, args.steps, work, shapes, data["matmul"], args.smoke))
         save()
