@@ -196,39 +196,52 @@ def add_value_pass(row: dict, work: Path, model_path: str, shapes: dict) -> None
 
 def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> None:
     """The long-chain shape's runs: GRPO then RREDCoT on HF (a second seed when the first samples no
-    mixed group), RREDCoT on vLLM, then the standalone decode of the same prompts on HF and vLLM."""
+    mixed group; with none at the last seed the runs go on and the table says GRPO's update did not
+    run), RREDCoT on vLLM, then the standalone decode of the same prompts on HF and vLLM. Runs that
+    ``data`` already holds finished (``--extend``) are kept, not run again."""
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     vllm = vllm_importable(vllm_python)
+    finished = {r["run"]: r for r in data["training"] if r.get("mean")}
     data["seeds_tried"] = []
-    for seed in LONG_SEEDS:
+    for i, seed in enumerate(LONG_SEEDS):
         data["seed"] = seed
         data["seeds_tried"].append(seed)
         for label, method, backend in LONG_RUNS:
             if backend == "vllm" and not vllm:
                 print(f"no vLLM run: {vllm_python} cannot import vllm and rredcot_cli", flush=True)
                 continue
-            python = vllm_python if backend == "vllm" else sys.executable
-            row = run_train("gsm8k", 1, work, data["shapes"], data["matmul"], smoke, label=f"{label}-seed{seed}",
-                            args=long_train_args(method, backend, seed, smoke), python=python, env=env)
-            row.update(method=method, backend=backend, seed=seed)
-            step_dir = work / f"{label}-seed{seed}" / "train" / "rollouts" / "step-000001"
-            if (step_dir / "sample" / "samples.parquet").exists():
-                row["groups"] = rollout_groups(step_dir)
-            add_value_pass(row, work, "embedded" if smoke else MODEL_PATH, data["shapes"])
-            data["training"].append(row)
-            save()
+            row = finished.get(f"{label}-seed{seed}") or run_long_train(data, work, label, method, backend, seed,
+                                                                         vllm_python, smoke, env)
+            if row["run"] not in finished:
+                data["training"].append(row)
+                save()
             if method == "grpo" and not row.get("groups", {}).get("mixed_groups"):
                 print(f"seed {seed}: no mixed group, GRPO's update did not run", flush=True)
-                break
+                if i < len(LONG_SEEDS) - 1:
+                    break
         else:
             break
     prompts, samples, max_new = SMOKE_LONG if smoke else (LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW)
     shape = ["--split", LONG_SPLIT, "--prompts", str(prompts), "--n", str(samples), "--max-new-tokens", str(max_new)]
-    data["decode"].append(run_decode("hf", sys.executable, "gsm8k", smoke, shape, env))
-    save()
-    if vllm:
-        data["decode"].append(run_decode("vllm", vllm_python, "gsm8k", smoke, shape, env))
-        save()
+    decoded = {d["backend"] for d in data["decode"] if "tokens_per_s" in d}
+    for backend, python in (("hf", sys.executable), ("vllm", vllm_python if vllm else None)):
+        if python and backend not in decoded:
+            data["decode"].append(run_decode(backend, python, "gsm8k", smoke, shape, env))
+            save()
+
+
+def run_long_train(data: dict, work: Path, label: str, method: str, backend: str, seed: int, vllm_python: str,
+                   smoke: bool, env: dict) -> dict:
+    """One long-shape train run, with its step's rewards per group, samples' hash and value pass."""
+    python = vllm_python if backend == "vllm" else sys.executable
+    row = run_train("gsm8k", 1, work, data["shapes"], data["matmul"], smoke, label=f"{label}-seed{seed}",
+                    args=long_train_args(method, backend, seed, smoke), python=python, env=env)
+    row.update(run=f"{label}-seed{seed}", method=method, backend=backend, seed=seed)
+    step_dir = work / row["run"] / "train" / "rollouts" / "step-000001"
+    if (step_dir / "sample" / "samples.parquet").exists():
+        row["groups"] = rollout_groups(step_dir)
+    add_value_pass(row, work, "embedded" if smoke else MODEL_PATH, data["shapes"])
+    return row
 
 
 # =========================================================================== model shapes
@@ -996,6 +1009,7 @@ def main() -> None:
 
     if args.shape == "long":
         run_long(data, work, args.vllm_python, args.smoke, save)
+        save()
         if args.md:
             write_long_md(data, Path(args.md))
         print(f"wrote {out} in {data['total_wall_s'] / 60:.1f} min", flush=True)

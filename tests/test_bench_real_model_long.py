@@ -136,3 +136,11 @@ def test_long_shape_smoke_on_the_embedded_model(tmp_path):
     assert "rredcot_over_grpo_step/rredcot-hf" in data["goals"]
     assert [d["backend"] for d in data["decode"]] == ["hf"] and data["decode"][0]["tokens"] > 0
     assert "rredcot-hf-seed" in (tmp_path / "long.md").read_text()
+    # --extend keeps the finished runs and runs none of them again
+    again = subprocess.run([sys.executable, "bench/real_model.py", "--shape", "long", "--smoke", "--vllm-python",
+                            str(tmp_path / "no-python"), "--work", str(tmp_path / "work"), "--extend", str(out),
+                            "--out", str(tmp_path / "again.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "train " not in again.stdout and "decode " not in again.stdout
+    extended = json.loads((tmp_path / "again.json").read_text())
+    assert extended["training"] == data["training"] and len(extended["extended"]) == 1
