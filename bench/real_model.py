@@ -197,7 +197,7 @@ def add_value_pass(row: dict, work: Path, model_path: str, shapes: dict) -> None
 def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> None:
     """The long-chain shape's runs: GRPO then RREDCoT on HF (a second seed when the first samples no
     mixed group; with none at the last seed the runs go on and the table says GRPO's update did not
-    run), RREDCoT on vLLM, then the standalone decode of the same prompts on HF and vLLM. Runs that
+    run), RREDCoT on vLLM, then the standalone decode of the same prompts on vLLM and HF. Runs that
     ``data`` already holds finished (``--extend``) are kept, not run again."""
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     vllm = vllm_importable(vllm_python)
@@ -224,7 +224,8 @@ def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> Non
     prompts, samples, max_new = SMOKE_LONG if smoke else (LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW)
     shape = ["--split", LONG_SPLIT, "--prompts", str(prompts), "--n", str(samples), "--max-new-tokens", str(max_new)]
     decoded = {d["backend"] for d in data["decode"] if "tokens_per_s" in d}
-    for backend, python in (("hf", sys.executable), ("vllm", vllm_python if vllm else None)):
+    # vLLM first: its rate is every sampling goal's limit, HF's standalone rate only a comparison
+    for backend, python in (("vllm", vllm_python if vllm else None), ("hf", sys.executable)):
         if python and backend not in decoded:
             data["decode"].append(run_decode(backend, python, "gsm8k", smoke, shape, env))
             save()
