@@ -5,6 +5,8 @@
     python bench/real_model.py --md docs/studies/real-model-speed.md   # ... and the generated part of the write-up
     python bench/real_model.py --write-md results/real-model-speed/real_model_speed.json --md docs/studies/real-model-speed.md
     python bench/real_model.py --smoke --out /tmp/s.json       # the plumbing on the embedded model (~1 min)
+    python bench/real_model.py --shape long --vllm-python .venv-vllm/bin/python \
+        --out results/real-model-speed/long_chain.json --md docs/studies/real-model-speed.md   # issue 42 item 3 (~1.5 h busy)
 
 What it measures, every figure with the CPU other processes used meanwhile (bench/measure.py's
 LoadWatcher, ``others_cores``; above 0.15 cores a figure is a busy machine's) and this run's own
@@ -47,6 +49,19 @@ CPU share (CPU s / wall s of its process; below ~0.95 its one thread waited for 
 
 Goals (issue 27): update <= 2x its matmul bound; sampling within 1.5x of vLLM's standalone rate;
 peak RSS <= 1.5x weights + grads + AdamW.
+
+``--shape long`` (issue 42 item 3, its own JSON and its own generated part of the page): GSM8K's
+test split in its own order, its first 2 prompts x 8 samples, up to 1,024 new tokens, one step
+(``LONG_*``; the split so that a group is mixed at this model's pass@1: a timing profile, not an
+accuracy claim). GRPO then RREDCoT (``value=answer_probe``, the model's default) on HF with the same
+seed, so step 1 samples the same completions under both (their hash is compared); a second seed
+when GRPO's step has no mixed group (all advantages 0 skip its update); RREDCoT again with
+``backend=vllm`` in the ``--vllm-python`` venv; then the standalone decode of the same prompts x 8
+at up to 1,024 tokens on vLLM and on HF. Each phase against its limit: sampling against vLLM's
+standalone rate, the update against its matmul bound (as above), the credit phase against the
+value pass's forward bound (``value_pass_work``: 2 x non-embedding params x the positions the
+answer_probe probes need at least once + 2 x hidden x vocabulary x their scored answer tokens,
+at the same torch.mm rates); RREDCoT's step / GRPO's (goal <= 1.2x); peak RSS / floor per run.
 """
 
 from __future__ import annotations
