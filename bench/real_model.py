@@ -127,8 +127,6 @@ def train_args(benchmark: str, steps: int, smoke: bool) -> list[str]:
 LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW, LONG_SPLIT = 2, 8, 1024, "test"
 SMOKE_LONG = (2, 4, 64)  # --smoke --shape long: prompts, samples, max new tokens (the embedded model)
 LONG_SEEDS = (0, 1)  # the second only when the first samples no mixed group
-# (label, method, backend): GRPO and RREDCoT on HF share step 1's samples (same seed and stream)
-LONG_RUNS = (("grpo-hf", "grpo", "hf"), ("rredcot-hf", "rredcot", "hf"), ("rredcot-vllm", "rredcot", "vllm"))
 
 
 def long_train_args(method: str, backend: str, seed: int, smoke: bool) -> list[str]:
@@ -212,44 +210,56 @@ def add_value_pass(row: dict, work: Path, model_path: str, shapes: dict) -> None
 def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> None:
     """The long-chain shape's runs: GRPO then RREDCoT on HF (a second seed when the first samples no
     mixed group; with none at the last seed the runs go on and the table says GRPO's update did not
-    run), RREDCoT on vLLM, then the standalone decode of the same prompts on vLLM and HF. Runs that
-    ``data`` already holds finished (``--extend``) are kept, not run again."""
+    run), the standalone vLLM decode of the same prompts (every sampling goal's limit), RREDCoT with
+    ``backend=vllm``, then the standalone HF decode. Runs that ``data`` already holds finished
+    (``--extend``) are kept, those that did not finish are run again."""
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     vllm = vllm_importable(vllm_python)
-    finished = {r["run"]: r for r in data["training"] if r.get("mean")}
+    if not vllm:
+        print(f"no vLLM rows: {vllm_python} cannot import vllm and rredcot_cli", flush=True)
+    data["training"] = [r for r in data["training"] if r.get("mean")]
+    data["decode"] = [d for d in data["decode"] if "tokens_per_s" in d]
     data["seeds_tried"] = []
     for i, seed in enumerate(LONG_SEEDS):
         data["seed"] = seed
         data["seeds_tried"].append(seed)
-        for label, method, backend in LONG_RUNS:
-            if backend == "vllm" and not vllm:
-                print(f"no vLLM run: {vllm_python} cannot import vllm and rredcot_cli", flush=True)
+        grpo = long_train(data, work, "grpo-hf", "grpo", "hf", seed, sys.executable, smoke, env, save)
+        if not grpo.get("groups", {}).get("mixed_groups"):
+            print(f"seed {seed}: no mixed group, GRPO's update did not run", flush=True)
+            if i < len(LONG_SEEDS) - 1:
                 continue
-            row = finished.get(f"{label}-seed{seed}") or run_long_train(data, work, label, method, backend, seed,
-                                                                         vllm_python, smoke, env)
-            if row["run"] not in finished:
-                data["training"].append(row)
-                save()
-            if method == "grpo" and not row.get("groups", {}).get("mixed_groups"):
-                print(f"seed {seed}: no mixed group, GRPO's update did not run", flush=True)
-                if i < len(LONG_SEEDS) - 1:
-                    break
-        else:
-            break
+        break
     prompts, samples, max_new = SMOKE_LONG if smoke else (LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW)
     shape = ["--split", LONG_SPLIT, "--prompts", str(prompts), "--n", str(samples), "--max-new-tokens", str(max_new)]
-    decoded = {d["backend"] for d in data["decode"] if "tokens_per_s" in d}
-    # vLLM first: its rate is every sampling goal's limit, HF's standalone rate only a comparison
-    for backend, python in (("vllm", vllm_python if vllm else None), ("hf", sys.executable)):
-        if python and backend not in decoded:
-            data["decode"].append(run_decode(backend, python, "gsm8k", smoke, shape, env))
-            save()
+    long_train(data, work, "rredcot-hf", "rredcot", "hf", data["seed"], sys.executable, smoke, env, save)
+    if vllm:
+        long_decode(data, "vllm", vllm_python, smoke, shape, env, save)
+        long_train(data, work, "rredcot-vllm", "rredcot", "vllm", data["seed"], vllm_python, smoke, env, save)
+    long_decode(data, "hf", sys.executable, smoke, shape, env, save)
 
 
-def run_long_train(data: dict, work: Path, label: str, method: str, backend: str, seed: int, vllm_python: str,
+def long_decode(data: dict, backend: str, python: str, smoke: bool, shape: list[str], env: dict, save) -> None:
+    """The standalone decode on ``backend`` unless ``data`` holds it finished."""
+    if not any(d["backend"] == backend for d in data["decode"]):
+        data["decode"].append(run_decode(backend, python, "gsm8k", smoke, shape, env))
+        save()
+
+
+def long_train(data: dict, work: Path, label: str, method: str, backend: str, seed: int, python: str,
+               smoke: bool, env: dict, save) -> dict:
+    """The long-shape train run ``label`` at ``seed``: the one ``data`` holds finished, or a new one."""
+    done = next((r for r in data["training"] if r["run"] == f"{label}-seed{seed}"), None)
+    if done:
+        return done
+    row = run_long_train(data, work, label, method, backend, seed, python, smoke, env)
+    data["training"].append(row)
+    save()
+    return row
+
+
+def run_long_train(data: dict, work: Path, label: str, method: str, backend: str, seed: int, python: str,
                    smoke: bool, env: dict) -> dict:
     """One long-shape train run, with its step's rewards per group, samples' hash and value pass."""
-    python = vllm_python if backend == "vllm" else sys.executable
     row = run_train("gsm8k", 1, work, data["shapes"], data["matmul"], smoke, label=f"{label}-seed{seed}",
                     args=long_train_args(method, backend, seed, smoke), python=python, env=env)
     row.update(run=f"{label}-seed{seed}", method=method, backend=backend, seed=seed)
