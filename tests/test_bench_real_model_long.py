@@ -98,6 +98,7 @@ def test_long_goals_and_table_from_hand_made_figures(tmp_path):
     assert goals["rredcot_over_grpo_step/rredcot-hf"]["ratio"] == pytest.approx(1.3)
     assert not goals["rredcot_over_grpo_step/rredcot-hf"]["met"]
     assert goals["rredcot_over_grpo_step/rredcot-vllm"]["met"]  # 1.1x
+    assert goals["rredcot_over_grpo_step_est/rredcot-hf"]["ratio"] == pytest.approx(130.0 / 127.5)
     assert goals["vllm_over_train_sampling/grpo-hf"]["ratio"] == pytest.approx(80.0 / 40.0)  # 2000 tok in 50 s
     assert goals["vllm_over_train_sampling/rredcot-vllm"]["ratio"] == pytest.approx(0.8)
     assert goals["update_over_bound/grpo-hf"]["ratio"] == pytest.approx(4.0)
