@@ -207,12 +207,13 @@ def add_value_pass(row: dict, work: Path, model_path: str, shapes: dict) -> None
         row["steps"][0]["value_pass"] = value_pass_work(step_dir, model_path, shapes)
 
 
-def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> None:
+def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save, skip: frozenset = frozenset()) -> None:
     """The long-chain shape's runs: GRPO then RREDCoT on HF (a second seed when the first samples no
     mixed group; with none at the last seed the runs go on and the table says GRPO's update did not
     run), the standalone vLLM decode of the same prompts (every sampling goal's limit), RREDCoT with
     ``backend=vllm``, then the standalone HF decode. Runs that ``data`` already holds finished
-    (``--extend``) are kept, those that did not finish are run again."""
+    (``--extend``) are kept, those that did not finish are run again; ``skip`` names steps left out
+    (``rredcot-vllm``, ``decode-vllm``, ``decode-hf``, ``rredcot-hf``)."""
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     vllm = vllm_importable(vllm_python)
     if not vllm:
@@ -231,11 +232,15 @@ def run_long(data: dict, work: Path, vllm_python: str, smoke: bool, save) -> Non
         break
     prompts, samples, max_new = SMOKE_LONG if smoke else (LONG_PROMPTS, LONG_SAMPLES, LONG_MAX_NEW)
     shape = ["--split", LONG_SPLIT, "--prompts", str(prompts), "--n", str(samples), "--max-new-tokens", str(max_new)]
-    long_train(data, work, "rredcot-hf", "rredcot", "hf", data["seed"], sys.executable, smoke, env, save)
-    if vllm:
+    data["skipped"] = sorted(skip)
+    if "rredcot-hf" not in skip:
+        long_train(data, work, "rredcot-hf", "rredcot", "hf", data["seed"], sys.executable, smoke, env, save)
+    if vllm and "decode-vllm" not in skip:
         long_decode(data, "vllm", vllm_python, smoke, shape, env, save)
+    if vllm and "rredcot-vllm" not in skip:
         long_train(data, work, "rredcot-vllm", "rredcot", "vllm", data["seed"], vllm_python, smoke, env, save)
-    long_decode(data, "hf", sys.executable, smoke, shape, env, save)
+    if "decode-hf" not in skip:
+        long_decode(data, "hf", sys.executable, smoke, shape, env, save)
 
 
 def long_decode(data: dict, backend: str, python: str, smoke: bool, shape: list[str], env: dict, save) -> None:
@@ -934,6 +939,8 @@ def write_long_md(data: dict, path: Path) -> None:
                      f"{v['boundaries']:,} boundaries; {vb['positions_bound']:,} positions bound "
                      f"({v['trace_positions']:,} trace + {v['probe_positions']:,} probe), {v['scored_positions']:,} "
                      f"through the head; {vb['positions_executed'] or 0:,} run |")
+    if data.get("skipped"):
+        L.append(f"\nNot run (`--long-skip`): {', '.join(data['skipped'])}.\n")
     hf_runs = [r for r in data["training"] if r.get("groups") and r.get("backend") == "hf" and r["seed"] == data["seed"]]
     if len(hf_runs) > 1:
         same = len({r["groups"]["completions_sha256"] for r in hf_runs}) == 1
@@ -996,6 +1003,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=("short", "long"), default="short",
                     help="long: issue 42 item 3's long-chain profile (GSM8K, 1,024 tokens, one step each of "
                     "GRPO and RREDCoT on HF and RREDCoT on vLLM, and the standalone decode of the same prompts)")
+    ap.add_argument("--long-skip", default="", help="--shape long: steps to leave out, comma-separated "
+                    "(rredcot-hf, decode-vllm, rredcot-vllm, decode-hf); the write-up lists them")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "real-model-speed" / "real_model_speed.json"))
     ap.add_argument("--md", default=None, help="(re)write the generated part of this markdown file")
@@ -1047,7 +1056,7 @@ def main() -> None:
         out.write_text(json.dumps(finite(data), indent=1))
 
     if args.shape == "long":
-        run_long(data, work, args.vllm_python, args.smoke, save)
+        run_long(data, work, args.vllm_python, args.smoke, save, frozenset(x for x in args.long_skip.split(",") if x))
         save()
         if args.md:
             write_long_md(data, Path(args.md))
