@@ -659,6 +659,14 @@ def _long_run(data: dict, label: str) -> dict | None:
     return next((r for r in data["training"] if r.get("run") == f"{label}-seed{data['seed']}" and r.get("mean")), None)
 
 
+def long_update(step: dict) -> tuple[float, float | None]:
+    """A long-shape step's update seconds and their ratio to the matmul bound. The bound counts the
+    old-log-prob pass where it ran (``step_work``), so its seconds (``seconds_old_logprobs``, apart
+    from ``seconds_update`` in the metrics) count here too."""
+    seconds = step["phases"]["update"] + (step["phases"]["old_logprobs"] if step["old_pass"] else 0.0)
+    return seconds, (seconds / step["update_bound_s"] if step["update_bound_s"] else None)
+
+
 def value_pass_bound(step: dict, rates: dict) -> dict | None:
     """A step's credit phase against the value pass's forward bound (``value_pass_work``)."""
     v = step.get("value_pass")
@@ -707,9 +715,10 @@ def long_goals(data: dict) -> dict:
                 "ratio": ratio, "goal": LONG_GOALS["vllm_over_train_sampling"],
                 "met": ratio <= LONG_GOALS["vllm_over_train_sampling"],
                 "others_cores": [r["others_cores_mean"], vllm["others_cores_mean"]]}
-        if m.get("update_over_bound") is not None:
-            out[f"update_over_bound/{label}"] = {"ratio": m["update_over_bound"], "goal": LONG_GOALS["update_over_bound"],
-                                                 "met": m["update_over_bound"] <= LONG_GOALS["update_over_bound"],
+        _, update_ratio = long_update(r["steps"][0])
+        if update_ratio is not None:
+            out[f"update_over_bound/{label}"] = {"ratio": update_ratio, "goal": LONG_GOALS["update_over_bound"],
+                                                 "met": update_ratio <= LONG_GOALS["update_over_bound"],
                                                  "others_cores": r["others_cores_mean"]}
         vb = value_pass_bound(r["steps"][0], data["matmul"])
         if vb and vb["credit_over_bound"] is not None:
@@ -927,10 +936,12 @@ def write_long_md(data: dict, path: Path) -> None:
             L.append(f"| {r['run']} | sampling | {s['phases']['sampling']:.1f} | vLLM standalone at {vllm['tokens_per_s']:.1f} "
                      f"tok/s | {limit:.1f} | {s['phases']['sampling'] / limit:.2f}x | {s['tokens']:,} tokens |")
         if s["update_bound_s"]:
-            L.append(f"| {r['run']} | update | {s['phases']['update']:.1f} | matmul bound | {s['update_bound_s']:.1f} | "
-                     f"{s['update_over_bound']:.2f}x | {s['positions_real']:,} positions real, {s['positions_padded']:,} "
-                     f"padded; {(s['flops_bound_body'] + s['flops_bound_head']) / 1e12:.2f} TFLOP bound, "
-                     f"{s['flops_executed'] / 1e12:.2f} executed{', old-log-prob pass included' if s['old_pass'] else ''} |")
+            seconds, ratio = long_update(s)
+            L.append(f"| {r['run']} | update{' + old log-probs' if s['old_pass'] else ''} | {seconds:.1f} | matmul bound | "
+                     f"{s['update_bound_s']:.1f} | {ratio:.2f}x | {s['positions_real']:,} positions real, "
+                     f"{s['positions_padded']:,} padded; {(s['flops_bound_body'] + s['flops_bound_head']) / 1e12:.2f} "
+                     f"TFLOP bound, {s['flops_executed'] / 1e12:.2f} executed"
+                     f"{', the old-log-prob pass included in both' if s['old_pass'] else ''} |")
         vb = value_pass_bound(s, rates)
         if vb:
             v = s["value_pass"]
