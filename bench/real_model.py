@@ -685,7 +685,7 @@ def long_goals(data: dict) -> dict:
     out = {}
     grpo, vllm = _long_run(data, "grpo-hf"), next((d for d in data["decode"] if d["backend"] == "vllm"
                                                    and "tokens_per_s" in d), None)
-    for label in ("rredcot-hf", "rredcot-vllm"):
+    for label in ("rredcot-hf",):  # the same samples as GRPO's (vLLM draws its own)
         r = _long_run(data, label)
         if r and grpo:
             ratio = r["mean"]["s_per_step"] / grpo["mean"]["s_per_step"]
@@ -883,6 +883,15 @@ _LONG_GOAL_TEXT = {
 }
 
 
+def _portable(text: str, data: dict) -> str:
+    """A command as a reader of the page types it: paths of this checkout relative, the vLLM venv as
+    ``.venv-vllm/``, the work folder ``$WORK``, the extended result ``$PREVIOUS_JSON``."""
+    text = text.replace(data.get("root", "") + "/", "")
+    text = re.sub(r"\S*/\.venv-vllm/", ".venv-vllm/", text)
+    text = re.sub(r"--work \S+", "--work $WORK", text)
+    return re.sub(r"--extend \S+", "--extend $PREVIOUS_JSON", text)
+
+
 def write_long_md(data: dict, path: Path) -> None:
     """The long shape's generated tables, between LONG_MD_BEGIN and LONG_MD_END (the rest of the file,
     the short shape's generated part included, is kept)."""
@@ -970,11 +979,12 @@ def write_long_md(data: dict, path: Path) -> None:
                  f"{engine} | {_gb(d['peak_rss_bytes'])} | {busy(d['others_cores_mean'])} "
                  f"({d['others_cores_mean'] or 0:.2f}) |")
     for e in data.get("extended", []):
-        L.append(f"\nExtended {e['date']} at commit `{e['commit']}`: `python bench/real_model.py {shlex.join(e['args'])}`.")
+        L.append(f"\nExtended {e['date']} at commit `{e['commit']}`: "
+                 f"`{_portable('python bench/real_model.py ' + shlex.join(e['args']), data)}`.")
     L.append("\nCommands as run (`$WORK` a temporary folder):\n")
     L.append("```bash")
     for r in data["training"] + data["decode"]:
-        L.append(r["command"].replace(data.get("root", "") + "/", ""))
+        L.append(_portable(r["command"], data))
     L.append("```")
     L.append("")
     L.append(LONG_MD_END)

@@ -98,7 +98,9 @@ def test_long_goals_and_table_from_hand_made_figures(tmp_path):
     goals = real_model.long_goals(data)
     assert goals["rredcot_over_grpo_step/rredcot-hf"]["ratio"] == pytest.approx(1.3)
     assert not goals["rredcot_over_grpo_step/rredcot-hf"]["met"]
-    assert goals["rredcot_over_grpo_step/rredcot-vllm"]["met"]  # 1.1x
+    # vLLM samples other completions than GRPO's HF run: no measured ratio there, the estimate only
+    assert "rredcot_over_grpo_step/rredcot-vllm" not in goals
+    assert goals["rredcot_over_grpo_step_est/rredcot-vllm"]["ratio"] == pytest.approx(110.0 / 107.5)
     assert goals["rredcot_over_grpo_step_est/rredcot-hf"]["ratio"] == pytest.approx(130.0 / 127.5)
     assert goals["vllm_over_train_sampling/grpo-hf"]["ratio"] == pytest.approx(80.0 / 40.0)  # 2000 tok in 50 s
     assert goals["vllm_over_train_sampling/rredcot-vllm"]["ratio"] == pytest.approx(0.8)
