@@ -31,7 +31,7 @@ chains with ``experiment=long_chains``' completion budget (1,264 tokens; long co
 short prompts, as in the long-chain study). tokens/s = generated tokens / wall seconds of the call (a warm-up call first).
 ``--decode-driver --model M`` (bench/real_model.py) decodes with model M instead, its prompts
 formatted as ``rredcot train`` formats them (``model.chat_template=auto``), on ``--benchmark``'s
-train split (``--prompts`` of them, 8 by default) with ``--n`` samples and ``--max-new-tokens``
+train split (``--split``: another; ``--prompts`` of them, 8 by default) with ``--n`` samples and ``--max-new-tokens``
 (``--ignore-eos``: every row runs to it, HF only); ``--enforce-eager`` is vLLM's. The
 driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (the engine's
 constructor alone).
@@ -186,7 +186,7 @@ def decode_driver(args: argparse.Namespace) -> None:
                                           if case["steps"] else {}))
     # policy.chat_template is False unless --model: the plain prompts as before
     prompts = [encode_prompt(policy.tokenizer, format_prompt(policy.tokenizer, bench.prompt(p), policy.chat_template),
-                             policy.chat_template) for p in bench.load("train", limit=args.prompts)]
+                             policy.chat_template) for p in bench.load(args.split if args.model else "train", limit=args.prompts)]
     if args.ignore_eos:  # every row runs to max_new_tokens (bench/hf_sampling.py's long shape); -1: no model samples it
         if backend != "hf":
             raise SystemExit("--ignore-eos: hf backends only")
@@ -458,6 +458,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--enforce-eager", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--split", default="train", help=argparse.SUPPRESS)  # the prompts' split (--model only)
     ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
