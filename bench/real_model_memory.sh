@@ -34,6 +34,7 @@ case $SHAPE in
 esac
 # glibc's fixed mmap threshold: freed blocks go back to the OS. Since the train stage sets it itself
 # (rredcot_cli/train/memory.py), "malloc" equals "baseline" there; before, it was an environment variable.
+# Since train.gradient_checkpointing=auto (issue 42 item 1), "gc" equals "baseline" on both shapes.
 GLIBC=(MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=131072)
 declare -A ENVS=([baseline]="" [malloc]="${GLIBC[*]}" [mbt512]="" [gc]="" [gc_malloc]="${GLIBC[*]}")
 declare -A EXTRA=([baseline]="" [malloc]="" [mbt512]="train.micro_batch_tokens=512"
@@ -96,7 +97,10 @@ for log_path in sorted(work.glob("*.log")):
                  "peak_rss_gib": rss / 2**30, "rss_over_floor": rss / floor,
                  "user_cpu_s": grab(r"User time \(seconds\)"), "system_cpu_s": grab(r"System time \(seconds\)"),
                  "wall": re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", log).group(1),
+                 "minor_page_faults": int(grab(r"Minor \(reclaiming a frame\) page faults")),
+                 # the hint of 7e5b986; since issue 42 item 1, the line of train.gradient_checkpointing=auto
                  "hint_printed": "train.gradient_checkpointing=true would" in log,
+                 "checkpointing_auto_on": "gradient checkpointing on (train.gradient_checkpointing=auto)" in log,
                  "stopped_after_last_step": "stopped after step" in log,
                  "steps": [{k: r.get(k) for k in ("step", "seconds_sampling", "seconds_update", "tokens",
                                                   "response_tokens_mean")} for r in metrics],

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from rredcot_cli.config import schema
 from rredcot_cli.config.compose import compose
+from rredcot_cli.config.ranges import spelled
 from rredcot_cli.methods import _options, get_method, method_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def _default(composed: dict, key: str, schema_default: Any) -> Any:
 
 def _valid(f: dataclasses.Field, key: str) -> str:
     """What the field accepts: its choices (``schema.one_of``) and its range, as compose checks them."""
-    valid = ["one of " + ", ".join(f"`{c}`" for c in f.metadata["choices"])] if "choices" in f.metadata else []
+    valid = ["one of " + ", ".join(f"`{spelled(c)}`" for c in f.metadata["choices"])] if "choices" in f.metadata else []
     return "; ".join(valid + ([schema.RANGES[key]] if key in schema.RANGES else []))
 
 

@@ -435,6 +435,8 @@ def test_error_kinds():
     ("train.clip_ratio_c=0.5", "train.clip_ratio_c=0.5: the dual clip needs > 1 (verl: 3.0); 0 turns it off"),
     ("train.dynamic_sampling=true train.max_sampling_rounds=0", "train.max_sampling_rounds=0: must be >= 1"),
     ("train.micro_batch_size=-2", "train.micro_batch_size=-2: must be >= 0"),
+    ("train.gradient_checkpointing=maybe",
+     "train.gradient_checkpointing=maybe: not a valid choice; valid: auto, true, false"),
     ("train.sampler_correction_cap=0", "train.sampler_correction_cap=0.0: must be > 0"),
 ])
 def test_bad_training_choices_fail_before_anything_is_written(tmp_path, option, expected):

@@ -62,6 +62,15 @@ def parse_range(spec: str) -> Range:
     raise ValueError(f"not a range spec: {spec!r}")
 
 
+def spelled(choice: Any) -> str:
+    """A choice as it is typed on the command line or in YAML: null, true, false, or itself."""
+    if choice is None:
+        return "null"
+    if isinstance(choice, bool):
+        return str(choice).lower()
+    return str(choice)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_show(v) for v in value) + "]"
@@ -178,8 +187,8 @@ def choice_error(key: str, value: Any, allowed: tuple[Any, ...]) -> str | None:
     among them allows null), with the closest choice by spelling; None when it is allowed."""
     if value in allowed:
         return None
-    valid = ", ".join("null" if a is None else str(a) for a in allowed)
-    near = closest(str(value), [str(a) for a in allowed if a is not None])
+    valid = ", ".join(spelled(a) for a in allowed)
+    near = closest(str(value), [spelled(a) for a in allowed if a is not None])
     hint = f"; did you mean {near}? Valid: " if near else "; valid: "
     return f"{key}={_show(value)}: not a valid choice{hint}{valid}"
 

@@ -327,8 +327,10 @@ class TrainConfig:
     # auto | fp32 | bf16-mixed | fp16-mixed | bf16-true (rredcot_cli/train/precision.py). auto follows
     # model.dtype: float32 -> fp32, bfloat16 -> bf16-mixed (float32 master weights + autocast).
     precision: str = one_of("auto", "auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
-    # Recompute each decoder layer's activations in backward instead of keeping them.
-    gradient_checkpointing: bool = setting(False, execution=True)
+    # Recompute each decoder layer's activations in backward instead of keeping them: the same
+    # numbers, less memory, one more forward per pass. auto: on where it saves much next to the
+    # weights + gradients + AdamW (rredcot_cli/train/memory.py), saying so in one line; true | false.
+    gradient_checkpointing: Any = one_of("auto", "auto", True, False, execution=True)
     # Completions per forward/backward pass, gradients accumulated over the minibatch (same
     # update as one pass); 0: the whole minibatch at once. Not hashed (changes memory, not math).
     micro_batch_size: int = setting(0, range=">= 0; 0 turns it off", execution=True)

@@ -106,7 +106,11 @@ def token_logprobs(
     entropies = None
     if with_entropy:
         with torch.no_grad():
-            entropies = torch.special.entr(logp.exp()).sum(-1)  # entr(0) = 0 outside the nucleus
+            # entr(0) = 0 outside the nucleus; written over the probabilities, so that one (N, V)
+            # tensor less is alive beside the logits and log-probs (the same values: an
+            # elementwise op in place)
+            probs = logp.exp()
+            entropies = torch.special.entr(probs, out=probs).sum(-1)
     return logprobs, entropies
 
 

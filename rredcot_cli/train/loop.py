@@ -208,8 +208,7 @@ class Trainer:
         the prepared weights): the one the stage built is not changed."""
         t, s, precision, policy = self.t, self.s, self.precision, self.policy
         model_config = policy.model.config
-        prepared = trainable.prepare(policy.model, precision, gradient_checkpointing=t.gradient_checkpointing,
-                                     lora=self.settings.lora)
+        prepared = trainable.prepare(policy.model, precision, lora=self.settings.lora)
         self.tokenizer = policy.tokenizer
         self.autocast = functools.partial(precision.autocast, policy.device)
         sampled = s.temperature > 0  # greedy draws have no distribution: score them at temperature 1
@@ -218,9 +217,9 @@ class Trainer:
             chunk_tokens=t.logprob_chunk_tokens, micro_batch_size=t.micro_batch_size, autocast=self.autocast,
             micro_batch_tokens=auto_micro_batch_tokens(t.micro_batch_tokens, policy.device, self.parallel.world_size))
         self.stepper = GradientStepper(precision, policy.device)
-        if self.parallel.is_main:
-            self._hint_checkpointing(model_config, prepared)
-        # The initial policy, also when resuming.
+        if self._checkpointing(model_config, prepared):
+            trainable.checkpoint_layers(prepared)
+        # The initial policy (with no checkpointing: it is never trained), also when resuming.
         reference, self.reference_forward = (trainable.reference(prepared, precision, self.forward) if t.kl_coef
                                              else (None, None))
         self.trained, plain, self.reference = self.parallel.wrap(prepared, reference)
@@ -230,16 +229,19 @@ class Trainer:
         if plain is not prepared:
             self.policy.backend.sync_weights(plain)
 
-    def _hint_checkpointing(self, model_config, model: torch.nn.Module) -> None:
-        """One line when gradient checkpointing, left off, would save much memory (it costs speed,
-        so it is the user's choice: rredcot_cli/train/memory.py)."""
+    def _checkpointing(self, model_config, model: torch.nn.Module) -> bool:
+        """Whether the update checkpoints its decoder layers (``train.gradient_checkpointing``;
+        ``auto`` decides from the estimated saving, rredcot_cli/train/memory.py), and rank 0's one
+        line when ``auto`` turned it on. Every rank decides alike, from the config alone."""
         t = self.t
         positions = memory.positions_per_pass(self.forward.micro_batch_tokens, t.micro_batch_size or t.minibatch_size,
                                               self.s.max_new_tokens)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        hint = memory.checkpointing_hint(t.gradient_checkpointing, model_config, trained, positions)
-        if hint:
-            console.print(hint)
+        on, line = memory.choose_checkpointing(t.gradient_checkpointing, model_config, trained, positions,
+                                               supported=trainable.supports_checkpointing(model))
+        if line and self.parallel.is_main:
+            console.print(line)
+        return on
 
     def _build_method(self) -> None:
         """The segmenter's needs and the credit method's collaborators (a critic for ppo)."""

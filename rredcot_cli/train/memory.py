@@ -11,9 +11,12 @@ its larger tensors, and the train process kept 0.5 GiB more than it used on Smol
 returned to the OS when torch frees it. The cost is page faults on fresh mappings (system CPU
 time); results do not change (an allocator decides where bytes live, not what they hold).
 
-**The hint.** Gradient checkpointing saves most of the update's activation memory but recomputes
-each layer's forward in backward, so it changes speed and stays the user's choice;
-``checkpointing_hint`` is the line that says so when the saving is large.
+**Gradient checkpointing.** It recomputes each decoder layer's forward in backward instead of
+keeping the layer's activations: the same numbers (the same ops on the same inputs; checked bit
+for bit), less memory, one more forward per pass. ``train.gradient_checkpointing=auto`` (the
+default) turns it on where the estimated saving is large next to the weights + gradients + AdamW
+floor (``choose_checkpointing``), and the stage prints one line saying so, what it saves and costs,
+and how to turn it off; ``true``/``false`` decide without a line.
 """
 
 from __future__ import annotations
@@ -36,13 +39,19 @@ ALLOCATOR_SETTINGS = (
     (M_ARENA_MAX, 2, "MALLOC_ARENA_MAX"),
 )
 
-# The hint: per position and decoder layer, the update keeps about 6 hidden-size and 2.5
-# MLP-size fp32 values for backward (fitted to SmolLM2-135M's measured 0.8 GiB for 968 positions,
-# docs/studies/real-model-speed.md); checkpointed, one hidden-size value (the layer's input).
-ACTIVATION_HIDDEN_VALUES, ACTIVATION_MLP_VALUES = 6.0, 2.5
+# Per position and decoder layer, the update keeps about 10 hidden-size and 4 MLP-size fp32 values
+# for backward: on SmolLM2-135M 11.8-12.1k values, measured per forward of the update on the issue-27
+# shape (1.31 GiB kept for a pass of 16 rows x 62 positions; docs/studies/real-model-speed.md,
+# "Defaults"); checkpointed, one hidden-size value (the layer's input: 0.07 GiB for that pass).
+ACTIVATION_HIDDEN_VALUES, ACTIVATION_MLP_VALUES = 10.0, 4.0
 FLOOR_BYTES_PER_PARAMETER = 16  # fp32 weights + gradients + AdamW's two moments
-HINT_MIN_SAVING_BYTES = 256 * 2**20  # below this no machine is short of it
-HINT_MIN_SAVING_OF_FLOOR = 0.25  # ... nor is the saving worth a slower update next to the floor
+MIN_SAVING_BYTES = 256 * 2**20  # below this no machine is short of it
+MIN_SAVING_OF_FLOOR = 0.25  # ... nor is the saving worth a slower update next to the floor
+CHECKPOINTING_CHOICES = ("auto", True, False)  # train.gradient_checkpointing
+# What the recomputed forwards cost where it was measured (bench/checkpointing_cost.py: the issue-27
+# shape's passes, interleaved A/B, busy machine): less than a third, as the chunked LM head is
+# recomputed in backward either way.
+COST_MEASURED = "+13-17% of the update's CPU on SmolLM2-135M"
 
 
 @functools.cache
@@ -76,22 +85,38 @@ def positions_per_pass(micro_batch_tokens: int, rows_per_pass: int, max_new_toke
     return rows_per_pass * max_new_tokens
 
 
-def checkpointing_hint(gradient_checkpointing: bool, model_config, parameters: int, positions: int) -> str | None:
-    """The line to print when ``train.gradient_checkpointing`` is off and turning it on would keep
-    much less: at least 256 MiB and a quarter of the weights + gradients + AdamW floor. None
-    otherwise. ``model_config``: the HF config (num_hidden_layers, hidden_size,
-    intermediate_size); ``parameters``: the trained ones; ``positions``: ``positions_per_pass``."""
-    if gradient_checkpointing:
-        return None
+def checkpointing_saving(model_config, parameters: int, positions: int) -> int | None:
+    """About how many bytes gradient checkpointing keeps less at the update's peak, where that is
+    large: at least 256 MiB and a quarter of the weights + gradients + AdamW floor; None where it
+    is not, or where the model is not a decoder whose activations ``activation_bytes`` knows.
+    ``model_config``: the HF config (num_hidden_layers, hidden_size, intermediate_size);
+    ``parameters``: the trained ones; ``positions``: ``positions_per_pass``."""
     shape = [getattr(model_config, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size")]
     if not all(isinstance(v, int) for v in shape):
-        return None  # not a decoder whose activations this estimate knows
-    layers, hidden, intermediate = shape
-    kept = activation_bytes(positions, layers, hidden, intermediate, checkpointed=False)
-    saving = kept - activation_bytes(positions, layers, hidden, intermediate, checkpointed=True)
-    floor = FLOOR_BYTES_PER_PARAMETER * parameters
-    if saving < max(HINT_MIN_SAVING_BYTES, HINT_MIN_SAVING_OF_FLOOR * floor):
         return None
-    return (f"memory: train.gradient_checkpointing=true would keep about {saving / 2**30:.1f} GiB less at the "
-            f"update's peak (activations of up to {positions:,} positions per pass; weights + gradients + "
-            f"AdamW take {floor / 2**30:.1f} GiB) for one more forward per pass (about +1/3 of the update's compute)")
+    layers, hidden, intermediate = shape
+    saving = (activation_bytes(positions, layers, hidden, intermediate, checkpointed=False)
+              - activation_bytes(positions, layers, hidden, intermediate, checkpointed=True))
+    floor = FLOOR_BYTES_PER_PARAMETER * parameters
+    return saving if saving >= max(MIN_SAVING_BYTES, MIN_SAVING_OF_FLOOR * floor) else None
+
+
+def choose_checkpointing(setting, model_config, parameters: int, positions: int,
+                         supported: bool = True) -> tuple[bool, str | None]:
+    """Whether the update checkpoints its decoder layers (``train.gradient_checkpointing``), and
+    the one line the stage prints about it (None: nothing to say). ``true``/``false`` are the
+    user's choice, kept silently; ``auto`` turns it on where ``checkpointing_saving`` is large and
+    the model ``supported`` it, and says so. Arguments as ``checkpointing_saving``'s."""
+    if setting not in CHECKPOINTING_CHOICES:
+        raise ValueError(f"train.gradient_checkpointing={setting}: expected auto, true or false")
+    if setting != "auto":
+        return bool(setting), None
+    saving = checkpointing_saving(model_config, parameters, positions) if supported else None
+    if saving is None:
+        return False, None
+    floor = FLOOR_BYTES_PER_PARAMETER * parameters
+    return True, (f"memory: gradient checkpointing on (train.gradient_checkpointing=auto): about "
+                  f"{saving / 2**30:.1f} GiB less at the update's peak (activations of up to {positions:,} positions "
+                  f"per pass; weights + gradients + AdamW take {floor / 2**30:.1f} GiB), same numbers, for one more "
+                  f"forward of the decoder layers per pass ({COST_MEASURED}); train.gradient_checkpointing=false "
+                  f"turns it off")

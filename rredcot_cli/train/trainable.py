@@ -31,7 +31,7 @@ class LoraSettings:
     target_modules: tuple[str, ...]
 
 
-def prepare(model: torch.nn.Module, precision: Precision, *, gradient_checkpointing: bool,
+def prepare(model: torch.nn.Module, precision: Precision, *, gradient_checkpointing: bool = False,
             lora: LoraSettings | None = None) -> torch.nn.Module:
     """The model to train.
 
@@ -39,23 +39,34 @@ def prepare(model: torch.nn.Module, precision: Precision, *, gradient_checkpoint
     precision; a bf16 checkpoint upcasts exactly). With LoRA (``lora.r > 0``): peft adapters on
     every ``lora.target_modules`` layer, only they train and they are held in
     ``precision.param_dtype``; the frozen base stays in the compute dtype (it needs no master
-    copy). Gradient checkpointing (non-reentrant, TRL's default) recomputes each decoder layer's
-    activations in backward instead of keeping them: ~30% more compute for most of the
-    activation memory."""
+    copy). ``gradient_checkpointing``: ``checkpoint_layers`` on the result."""
     if lora is not None and lora.r > 0:
         model = _with_lora(model, precision, lora)
     else:
         model.to(precision.param_dtype)
     if gradient_checkpointing:
-        inner = model.get_base_model() if is_lora(model) else model
-        if not getattr(inner, "supports_gradient_checkpointing", False):
-            raise ValueError(f"train.gradient_checkpointing=true: {type(inner).__name__} does not support it")
-        # transformers >= 5.20 renamed it "activation checkpointing"; older releases have the old name.
-        if hasattr(inner, "activation_checkpointing_enable"):
-            inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_layers(model)
     return model
+
+
+def supports_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether ``checkpoint_layers`` can run on ``model`` (a transformers model that supports it)."""
+    inner = model.get_base_model() if is_lora(model) else model
+    return bool(getattr(inner, "supports_gradient_checkpointing", False))
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Gradient checkpointing (non-reentrant, TRL's default): each decoder layer's activations are
+    recomputed in backward instead of kept, ~30% more compute for most of the activation memory;
+    the same numbers (the same ops on the same inputs)."""
+    inner = model.get_base_model() if is_lora(model) else model
+    if not supports_checkpointing(model):
+        raise ValueError(f"train.gradient_checkpointing=true: {type(inner).__name__} does not support it")
+    # transformers >= 5.20 renamed it "activation checkpointing"; older releases have the old name.
+    if hasattr(inner, "activation_checkpointing_enable"):
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _with_lora(model: torch.nn.Module, precision: Precision, lora: LoraSettings) -> torch.nn.Module:

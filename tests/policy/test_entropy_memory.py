@@ -6,6 +6,11 @@ rounding."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -151,3 +156,46 @@ def test_hf_score_runs_the_lm_head_in_chunks(tiny, samples, monkeypatch):
             expected_lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
             assert torch.allclose(lp.double(), expected_lp, atol=ATOL, rtol=0)
             assert torch.allclose(ent.double(), expected, atol=ATOL, rtol=0)
+
+
+# Peak resident bytes of token_logprobs' entropy on (N, V) logits, in units of one (N, V) float32
+# tensor, in its own process with freed memory returned to the OS (the train stage's allocator
+# setting), so that the peak counts the tensors alive at once.
+ENTROPY_PEAK = """
+import torch
+from pathlib import Path
+from rredcot_cli.train import memory
+from rredcot_cli.policy.logprobs import token_logprobs
+memory.return_freed_memory_to_os()
+torch.set_num_threads(1)
+n, v = 1024, 16384
+logits = torch.randn(n, v, generator=torch.Generator().manual_seed(0))
+targets = torch.randint(0, v, (n,))
+status = lambda key: next(int(l.split()[1]) * 1024 for l in Path('/proc/self/status').read_text().splitlines()
+                          if l.startswith(key + ':'))
+token_logprobs(logits, targets, with_entropy=True)  # warm-up: kernels, thread pools
+before = status('VmRSS')
+Path('/proc/self/clear_refs').write_text('5')
+with torch.no_grad():
+    token_logprobs(logits, targets, with_entropy=True)
+print((status('VmHWM') - before) / (n * v * 4))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's peak-RSS reset")
+def test_the_entropy_holds_one_vocabulary_sized_tensor_less():
+    """Beside the logits: their log-softmax and the probabilities, with the entropy terms written
+    over the probabilities (three tensors when entr made a fourth)."""
+    out = subprocess.run([sys.executable, "-c", ENTROPY_PEAK], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) < 2.5
+
+
+def test_the_entropy_in_place_is_the_same_as_before():
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(1)) * 4
+    targets = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(2))
+    for top_p in (1.0, 0.9):  # with -inf logits (probability 0) outside the nucleus too
+        _, entropies = logprobs_module.token_logprobs(logits, targets, top_p=top_p, with_entropy=True)
+        logp = torch.log_softmax(logprobs_module.nucleus_logits(logits, top_p, keep=targets), dim=-1)
+        assert torch.equal(entropies, torch.special.entr(logp.exp()).sum(-1))

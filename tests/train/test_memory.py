@@ -1,6 +1,7 @@
 """The train stage's resident memory (rredcot_cli/train/memory.py): glibc is told once, at the start
-of the stage, to return what torch frees, and only on glibc; the gradient-checkpointing hint is one
-line where it would save much memory and none otherwise."""
+of the stage, to return what torch frees, and only on glibc; ``train.gradient_checkpointing=auto``
+turns checkpointing on, saying so in one line, where it would save much memory, and changes nothing
+else (the same numbers)."""
 
 from __future__ import annotations
 
@@ -152,26 +153,82 @@ def test_other_systems_and_c_libraries_are_left_alone(fake_libc):
     assert len(libs) == 1  # no library loaded off Linux
 
 
-def test_the_checkpointing_hint_where_it_saves_much():
+def test_auto_turns_checkpointing_on_where_it_saves_much_and_says_so_in_one_line():
     positions = memory.positions_per_pass(1024, 32, 128)  # CPU's auto micro-batch budget
-    line = memory.checkpointing_hint(False, SMOLLM2, SMOLLM2_PARAMETERS, positions)
-    assert line and "\n" not in line
-    assert "train.gradient_checkpointing=true" in line and "0.8 GiB less" in line and "1,024 positions" in line
+    on, line = memory.choose_checkpointing("auto", SMOLLM2, SMOLLM2_PARAMETERS, positions)
+    assert on and line and "\n" not in line
+    assert "gradient checkpointing on" in line and "1,024 positions" in line
+    assert "train.gradient_checkpointing=false turns it off" in line
     # the long-chain shape: one row of 1,024 new tokens is a pass alone
-    assert "1,024 positions" in memory.checkpointing_hint(False, SMOLLM2, SMOLLM2_PARAMETERS,
-                                                          memory.positions_per_pass(1024, 32, 1024))
+    on, line = memory.choose_checkpointing("auto", SMOLLM2, SMOLLM2_PARAMETERS, memory.positions_per_pass(1024, 32, 1024))
+    assert on and "1,024 positions" in line
 
 
-def test_no_checkpointing_hint_where_it_is_on_or_saves_little():
+def test_auto_leaves_checkpointing_off_where_it_saves_little_and_says_nothing():
     positions = memory.positions_per_pass(1024, 32, 128)
-    assert memory.checkpointing_hint(True, SMOLLM2, SMOLLM2_PARAMETERS, positions) is None
     tiny = SimpleNamespace(**{k: TINY[k] for k in ("num_hidden_layers", "hidden_size", "intermediate_size")})
-    assert memory.checkpointing_hint(False, tiny, 1_000_000, memory.positions_per_pass(1024, 32, 1264)) is None
-    assert memory.checkpointing_hint(False, SMOLLM2, SMOLLM2_PARAMETERS, 128) is None      # short passes
-    assert memory.checkpointing_hint(False, SimpleNamespace(), SMOLLM2_PARAMETERS, positions) is None  # unknown shape
+    off = (False, None)
+    assert memory.choose_checkpointing("auto", tiny, 1_000_000, memory.positions_per_pass(1024, 32, 1264)) == off
+    assert memory.choose_checkpointing("auto", SMOLLM2, SMOLLM2_PARAMETERS, 128) == off      # short passes
+    assert memory.choose_checkpointing("auto", SimpleNamespace(), SMOLLM2_PARAMETERS, positions) == off  # unknown shape
+    assert memory.choose_checkpointing("auto", SMOLLM2, SMOLLM2_PARAMETERS, positions, supported=False) == off
+
+
+def test_true_and_false_are_the_users_choice_kept_silently():
+    positions = memory.positions_per_pass(1024, 32, 128)
+    assert memory.choose_checkpointing(False, SMOLLM2, SMOLLM2_PARAMETERS, positions) == (False, None)
+    assert memory.choose_checkpointing(True, SMOLLM2, SMOLLM2_PARAMETERS, 128) == (True, None)
+    with pytest.raises(ValueError, match="train.gradient_checkpointing=maybe: expected auto, true or false"):
+        memory.choose_checkpointing("maybe", SMOLLM2, SMOLLM2_PARAMETERS, positions)
 
 
 def test_positions_per_pass():
     assert memory.positions_per_pass(1024, 32, 128) == 1024
     assert memory.positions_per_pass(1024, 32, 2048) == 2048   # a longer row is a pass alone
     assert memory.positions_per_pass(0, 4, 512) == 2048         # no budget (GPU): the rows at full length
+
+
+# `rredcot train` in its own process (the allocator setting would otherwise stay in the test's),
+# with what the loop hands the update watched: ON_WHEN_SMALL makes any saving count as large, so
+# that `auto` turns checkpointing on for the tiny model.
+WATCHED_TRAIN = textwrap.dedent("""
+    import sys
+    from rredcot_cli.train import loop, memory, trainable
+    if sys.argv.pop(1) == "on_when_small":
+        memory.MIN_SAVING_BYTES = memory.MIN_SAVING_OF_FLOOR = 0
+    update = loop.policy_update
+    def watched(model, *args, **kwargs):
+        print("checkpointing active:", trainable.checkpointing_active(model))
+        return update(model, *args, **kwargs)
+    loop.policy_update = watched
+    sys.argv[0] = "rredcot"
+    from rredcot_cli.cli import main
+    main()
+""")
+
+
+def _train_watched(run: Path, how: str) -> str:
+    """What the run printed (the watcher on stdout, the stage's lines on stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", WATCHED_TRAIN, how, "train", "experiment=quick", "method=grpo",
+                          "seed=0", f"run.dir={run}"], cwd=run.parent, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + out.stderr
+
+
+def test_auto_checkpoints_where_the_saving_is_large_with_the_same_numbers(tmp_path):
+    """The default (`auto`) leaves the tiny model alone and says nothing; where the saving counts
+    as large it turns checkpointing on in the update, says so in one line, and the run's metrics,
+    evals and final weights are the same, bit for bit (scripts/same_run.py)."""
+    from repo_scripts import load_script
+
+    plain = _train_watched(tmp_path / "plain", "default")
+    assert "checkpointing active: False" in plain and "checkpointing active: True" not in plain
+    assert "gradient checkpointing" not in plain
+    checkpointed = _train_watched(tmp_path / "checkpointed", "on_when_small")
+    assert "checkpointing active: True" in checkpointed and "checkpointing active: False" not in checkpointed
+    lines = [line for line in checkpointed.splitlines() if "gradient checkpointing on" in line]
+    assert len(lines) == 1 and "train.gradient_checkpointing=false turns it off" in lines[0]
+    found, compared = load_script("scripts/same_run.py").differences(tmp_path / "plain", tmp_path / "checkpointed")
+    assert compared > 100 and found == []
