@@ -32,7 +32,7 @@ short prompts, as in the long-chain study). tokens/s = generated tokens / wall s
 ``--decode-driver --model M`` (bench/real_model.py) decodes with model M instead, its prompts
 formatted as ``rredcot train`` formats them (``model.chat_template=auto``), on ``--benchmark``'s
 train split (``--split``: another; ``--prompts`` of them, 8 by default) with ``--n`` samples and ``--max-new-tokens``
-(``--ignore-eos``: every row runs to it, HF only); ``--enforce-eager`` is vLLM's. The
+(``--ignore-eos``: every row runs to it, on either backend); ``--enforce-eager`` is vLLM's. The
 driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (the engine's
 constructor alone).
 
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -187,10 +188,12 @@ def decode_driver(args: argparse.Namespace) -> None:
     # policy.chat_template is False unless --model: the plain prompts as before
     prompts = [encode_prompt(policy.tokenizer, format_prompt(policy.tokenizer, bench.prompt(p), policy.chat_template),
                              policy.chat_template) for p in bench.load(args.split if args.model else "train", limit=args.prompts)]
-    if args.ignore_eos:  # every row runs to max_new_tokens (bench/hf_sampling.py's long shape); -1: no model samples it
-        if backend != "hf":
-            raise SystemExit("--ignore-eos: hf backends only")
+    if args.ignore_eos and backend == "hf":  # every row runs to max_new_tokens (bench/hf_sampling.py's long shape); -1: no model samples it
         policy.backend.eos_ids = [-1]
+    if args.ignore_eos and backend == "vllm":  # the same on vLLM: its own flag, on every request the backend makes
+        import vllm  # optional dependency, loaded by load_policy above
+
+        vllm.SamplingParams = functools.partial(vllm.SamplingParams, ignore_eos=True)
     params = SamplingParams(n=args.n or 8, max_new_tokens=args.max_new_tokens or case["max_new_tokens"], temperature=1.0)
     policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
     c0, t0 = time.process_time(), time.perf_counter()
