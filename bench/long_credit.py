@@ -133,6 +133,11 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max((abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)), default=0.0)
 
 
+def max_rel_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    """Relative to ``b``: the values are probabilities, many far below the absolute difference's scale."""
+    return max((abs(x - y) / abs(y) for ra, rb in zip(a, b) for x, y in zip(ra, rb) if y), default=0.0)
+
+
 def summarize(runs: list[dict], bounds: dict) -> list[dict]:
     """Per (case, arm): medians of the runs, against the case's forward bound."""
     out = []
@@ -145,17 +150,18 @@ def summarize(runs: list[dict], bounds: dict) -> list[dict]:
                     "bound_s": bound["bound_s"], "cpu_over_bound": cpu / bound["bound_s"],
                     "wall_over_bound": wall / bound["bound_s"],
                     "values_max_abs_diff_vs_before": max(r["values_max_abs_diff_vs_before"] for r in mine),
+                    "values_max_rel_diff_vs_before": max(r["values_max_rel_diff_vs_before"] for r in mine),
                     "others_cores_mean": statistics.fmean(r["others_cores_mean"] for r in mine)})
     return out
 
 
 def markdown(summary: list[dict]) -> str:
     lines = ["| case | arm | runs | CPU s | wall s | forward positions | bound positions | bound s | CPU / bound "
-             "| wall / bound | max abs value diff vs before | load (others' cores) |", "|" + "---|" * 12]
+             "| wall / bound | value diff vs before: max abs / max rel | load (others' cores) |", "|" + "---|" * 12]
     for s in summary:
         lines.append(f"| {s['case']} | {s['arm']} | {s['runs']} | {s['cpu_s']:.1f} | {s['wall_s']:.1f} | "
                      f"{s['forward_tokens']:,} | {s['positions_bound']:,} | {s['bound_s']:.1f} | "
-                     f"{s['cpu_over_bound']:.2f}x | {s['wall_over_bound']:.2f}x | {s['values_max_abs_diff_vs_before']:.2e} | "
+                     f"{s['cpu_over_bound']:.2f}x | {s['wall_over_bound']:.2f}x | {s['values_max_abs_diff_vs_before']:.1e} / {s['values_max_rel_diff_vs_before']:.1e} | "
                      f"{busy(s['others_cores_mean'])} ({s['others_cores_mean']:.2f}) |")
     return "\n".join(lines) + "\n"
 
@@ -189,6 +195,8 @@ def compare(args: argparse.Namespace) -> None:
                     values = json.loads(values_out.read_text())
                     first_values.setdefault(case, values)  # the before arm runs first
                     row["values_max_abs_diff_vs_before"] = max_abs_diff(values, first_values[case])
+                    row["values_max_rel_diff_vs_before"] = max_rel_diff(values, first_values[case])
+                    row["values_range"] = [min(map(min, filter(None, values))), max(map(max, filter(None, values)))]
                     runs.append(row)
                     print(json.dumps(row), flush=True)
     summary = summarize(runs, bounds)
