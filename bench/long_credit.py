@@ -3,6 +3,7 @@ change to the probe scorer, beside the pass's forward bound (issue 42 item 3).
 
     python bench/long_credit.py --before main --out results/real-model-speed/long-credit/long_credit.json
     python bench/long_credit.py --before main --repeats 1 --cases all_wrong --kv-cache   # + the KV-cache scorer
+    python bench/long_credit.py --before main --short --repeats 5 --out results/real-model-speed/long-credit/short_chains.json
 
 The traces: 16 saved completions of SmolLM2-135M-Instruct (``results/real-model-speed/long-credit/traces``:
 step 1 of the long-chain profile's ``rredcot-hf-seed1`` run, GSM8K test prompts 0 and 1 x 8, up to
@@ -29,11 +30,19 @@ the scorer's own count (``value_stats["forward_tokens"]``); the bound is bench/r
 on this machine, measured once at the start). The values of each run are compared with the
 ``before`` arm's first run of the same case: the max abs difference says whether the change moved
 them beyond float rounding.
+
+``--short``: the other end, that the change costs nothing where the packed scorer was chosen
+(docs/studies/rredcot-value-cost.md): bench/value_cost.py's chain batches on the embedded model
+(8 prompts x 8 samples of 8-, 16- and 80-step chains, newline segments, seed 0), the answer_probe
+values with ``--before``'s ``values/packing.py`` (loaded from git as its own module; the rest of the
+package is this checkout's) and with this checkout's, interleaved in one process, ``--repeats``
+times each, CPU seconds (medians) and forward positions.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -51,10 +60,12 @@ import torch
 # a driver process imports the rredcot_cli that its PYTHONPATH names: the before arm's archive
 import rredcot_cli
 from rredcot_cli.benchmarks import make_benchmark
-from rredcot_cli.config.schema import BackendConfig, ModelConfig
+from rredcot_cli.config.schema import BackendConfig, ModelConfig, SegmentConfig
 from rredcot_cli.methods.rredcot import segment_ends
-from rredcot_cli.pipeline import credit_batch
+from rredcot_cli.pipeline import credit_batch, sample_rows, segment_rows
 from rredcot_cli.policy.load import load_policy
+from rredcot_cli.values import packing
+from rredcot_cli.values.answer_probe import _candidates, _prefix_lens, _traces, answer_probe_values
 from rredcot_cli.values.packing import value_stats
 from rredcot_cli.values.registry import ValueSettings, get_value_estimator
 from measure import LoadWatcher, busy, commit, git, machine
@@ -210,6 +221,70 @@ def compare(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
+def module_at(revision: str, path: str, name: str, into: Path):
+    """``path`` as it is at git ``revision``, imported as module ``name``."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], check=True, capture_output=True).stdout
+    (into / f"{name}.py").write_bytes(source)
+    spec = importlib.util.spec_from_file_location(name, into / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while they are built
+    spec.loader.exec_module(module)
+    return module
+
+
+def short_chains(args: argparse.Namespace) -> None:
+    """``--short`` (module docstring): before and after on short traces of the embedded model."""
+    torch.set_num_threads(1)
+    policy = load_policy(ModelConfig(path="embedded", chat_template=False), BackendConfig(device="cpu"), seed=0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        before = module_at(args.before, "rredcot_cli/values/packing.py", "packing_before", Path(tmp))
+        arms = {"before": before.packed_probe_logprobs, "after": packing.packed_probe_logprobs}
+        for steps, max_new in [(8, 128), (16, 160), (80, 640)]:  # bench/value_cost.py's newline cases
+            benchmark = make_benchmark("chain", min_steps=steps, max_steps=steps, data_seed=1234)
+            samples = sample_rows(policy, benchmark, benchmark.load("test", limit=8), n=8, max_new_tokens=max_new,
+                                  temperature=1.0, top_p=1.0, seed=0, prompts_per_call=8)
+            segments = segment_rows(samples, policy.tokenizer,
+                                    SegmentConfig(name="newline", tokens=32, min_tokens=4, max_segments=40))
+            batch = credit_batch(samples, segments, answer_probe=benchmark.ANSWER_PROBE)
+            offsets = [ends[:-1] for ends in segment_ends(batch)]
+            inputs = (policy.model, _traces(batch), _prefix_lens(batch, offsets),
+                      _candidates(batch, policy.tokenizer, benchmark.ANSWER_PROBE, correct_only=True))
+            cpu = {arm: [] for arm in arms}
+            positions, values = {}, {}
+            with LoadWatcher(period=1.0) as watcher:
+                for _ in range(args.repeats):
+                    for arm, scorer in arms.items():
+                        stats = {}
+                        started = time.process_time()
+                        values[arm] = [v.tolist() for v in answer_probe_values(*inputs, stats=stats, scorer=scorer)]
+                        cpu[arm].append(time.process_time() - started)
+                        positions[arm] = stats["forward_tokens"]
+            lengths = [len(t) for t in inputs[1]]
+            row = {"steps": steps, "traces": len(lengths), "trace_tokens_min": min(lengths),
+                   "trace_tokens_max": max(lengths), "trace_tokens_mean": statistics.fmean(lengths),
+                   "boundaries": sum(map(len, offsets)), "cpu_s": cpu, "positions": positions,
+                   "after_over_before": statistics.median(cpu["after"]) / statistics.median(cpu["before"]),
+                   "values_max_abs_diff": max_abs_diff(values["after"], values["before"]), **watcher.others_cores()}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    lines = ["| chain steps | trace tokens (min-max, mean) | boundaries | before CPU s | after CPU s | after / before "
+             "| positions before | positions after | max abs value diff | load (others' cores) |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append(f"| {r['steps']} | {r['trace_tokens_min']}-{r['trace_tokens_max']}, {r['trace_tokens_mean']:.0f} | "
+                     f"{r['boundaries']} | {statistics.median(r['cpu_s']['before']):.3f} | "
+                     f"{statistics.median(r['cpu_s']['after']):.3f} | {r['after_over_before']:.2f}x | "
+                     f"{r['positions']['before']:,} | {r['positions']['after']:,} | {r['values_max_abs_diff']:.1e} | "
+                     f"{busy(r['others_cores_mean'])} ({r['others_cores_mean']:.2f}) |")
+    data = {"command": " ".join(sys.argv), "commit": commit(), "dirty": bool(git("status", "--porcelain")),
+            "before": args.before, "machine": machine(), "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2))
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", default="main", help="git revision whose rredcot_cli is the before arm")
@@ -217,6 +292,7 @@ def main() -> None:
     parser.add_argument("--cases", type=lambda s: s.split(","), default=list(CASES), help="comma list of: " + ", ".join(CASES))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kv-cache", action="store_true", help="also time this checkout's KV-cache scorer")
+    parser.add_argument("--short", action="store_true", help="short chains of the embedded model instead (docstring)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "real-model-speed" / "long-credit" / "long_credit.json")
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
@@ -228,6 +304,8 @@ def main() -> None:
         parser.exit(2, f"unknown --cases {', '.join(unknown)}; valid: {', '.join(CASES)}\n")
     if args.driver:
         driver(args.step, args.probe_scoring, args.values_out)
+    elif args.short:
+        short_chains(args)
     else:
         compare(args)
 
