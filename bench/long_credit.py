@@ -4,6 +4,7 @@ change to the probe scorer, beside the pass's forward bound (issue 42 item 3).
     python bench/long_credit.py --before main --out results/real-model-speed/long-credit/long_credit.json
     python bench/long_credit.py --before main --repeats 1 --cases all_wrong --kv-cache   # + the KV-cache scorer
     python bench/long_credit.py --before main --short --repeats 5 --out results/real-model-speed/long-credit/short_chains.json
+    python bench/long_credit.py --before main --reference 16 --out results/real-model-speed/long-credit/reference.json
 
 The traces: 16 saved completions of SmolLM2-135M-Instruct (``results/real-model-speed/long-credit/traces``:
 step 1 of the long-chain profile's ``rredcot-hf-seed1`` run, GSM8K test prompts 0 and 1 x 8, up to
@@ -37,6 +38,11 @@ them beyond float rounding.
 values with ``--before``'s ``values/packing.py`` (loaded from git as its own module; the rest of the
 package is this checkout's) and with this checkout's, interleaved in one process, ``--repeats``
 times each, CPU seconds (medians) and forward positions.
+
+``--reference K``: how far the packed scorers' log-probs are from scoring each prefix from scratch
+(``unpacked_probe_logprobs``, the tests' reference) on the real long traces: both arms' scorers on
+all of ``all_wrong``'s probes in one process, the reference on every K-th probe (from scratch costs
+prefix x probes), max abs difference of the probes' summed log-probs (log V of a one-candidate set).
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from rredcot_cli.methods.rredcot import segment_ends
 from rredcot_cli.pipeline import credit_batch, sample_rows, segment_rows
 from rredcot_cli.policy.load import load_policy
 from rredcot_cli.values import packing
-from rredcot_cli.values.answer_probe import _candidates, _prefix_lens, _traces, answer_probe_values
+from rredcot_cli.values.answer_probe import _candidates, _prefix_lens, _probes, _traces, answer_probe_values
 from rredcot_cli.values.packing import value_stats
 from rredcot_cli.values.registry import ValueSettings, get_value_estimator
 from measure import LoadWatcher, busy, commit, git, machine
@@ -285,6 +291,43 @@ def short_chains(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
+def reference_check(args: argparse.Namespace) -> None:
+    """``--reference K`` (module docstring)."""
+    torch.set_num_threads(1)
+    policy = load_policy(ModelConfig(path=MODEL_PATH, chat_template="auto"), BackendConfig(device="cpu"), seed=0)
+    samples = pq.read_table(args.traces / "sample" / "samples.parquet").to_pylist()
+    segments = pq.read_table(args.traces / "segment" / "segments.parquet").to_pylist()
+    benchmark = make_benchmark(samples[0]["benchmark"])
+    batch = credit_batch(samples, segments, answer_probe=benchmark.ANSWER_PROBE, benchmark=benchmark)
+    offsets = [ends[:-1] for ends in segment_ends(batch)]
+    candidates = _candidates(batch, policy.tokenizer, benchmark.ANSWER_PROBE, correct_only=True)
+    probes, _ = _probes(_prefix_lens(batch, offsets), candidates)
+    traces = _traces(batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        before = module_at(args.before, "rredcot_cli/values/packing.py", "packing_before", Path(tmp))
+        with LoadWatcher(period=1.0) as watcher:
+            scored = {"before": before.packed_probe_logprobs(policy.model, traces, probes),
+                      "after": packing.packed_probe_logprobs(policy.model, traces, probes)}
+            picked = list(range(0, len(probes), args.reference))
+            reference = packing.unpacked_probe_logprobs(policy.model, traces, [probes[i] for i in picked])
+    sums = {arm: [float(lp.double().sum()) for lp in lps] for arm, lps in scored.items()}
+    ref_sums = [float(lp.double().sum()) for lp in reference]
+    tokens = {arm: max(float((scored[arm][i] - r).abs().max()) for i, r in zip(picked, reference)) for arm in scored}
+    row = {"probes": len(probes), "reference_probes": len(picked),
+           "reference_prefix_tokens": [probes[i].prefix_len for i in picked],
+           "log_value_max_abs_diff_vs_reference": {arm: max(abs(sums[arm][i] - r) for i, r in zip(picked, ref_sums))
+                                                   for arm in scored},
+           "token_logprob_max_abs_diff_vs_reference": tokens,
+           "log_value_max_abs_diff_after_vs_before": max(abs(a - b) for a, b in zip(sums["after"], sums["before"])),
+           **watcher.others_cores()}
+    data = {"command": " ".join(sys.argv), "commit": commit(), "dirty": bool(git("status", "--porcelain")),
+            "before": args.before, "machine": machine(), **row}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2))
+    print(json.dumps(row, indent=2))
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", default="main", help="git revision whose rredcot_cli is the before arm")
@@ -293,6 +336,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kv-cache", action="store_true", help="also time this checkout's KV-cache scorer")
     parser.add_argument("--short", action="store_true", help="short chains of the embedded model instead (docstring)")
+    parser.add_argument("--reference", type=int, metavar="K", help="against scoring every K-th probe from scratch (docstring)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "real-model-speed" / "long-credit" / "long_credit.json")
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
@@ -306,6 +350,8 @@ def main() -> None:
         driver(args.step, args.probe_scoring, args.values_out)
     elif args.short:
         short_chains(args)
+    elif args.reference:
+        reference_check(args)
     else:
         compare(args)
 
