@@ -157,6 +157,34 @@ def test_probe_scorers_run_the_lm_head_on_scored_positions_only(random_model, sc
         hook.remove()
 
 
+def test_packed_scorer_batches_rows_of_similar_length(random_model):
+    """Issue 42 item 3: a forward pads its rows to the longest, so long and short traces given in
+    turn used to share forwards and the short ones ran at the long one's length (2.3x the needed
+    positions on real ~1k-token chains). Rows now run longest first: here no forward pads at all."""
+    g = torch.Generator().manual_seed(4)
+    traces = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (90, 8, 90, 8)]
+    probes = [Probe(trace=t, prefix_len=len(trace), tokens=(5, 6, 7), scored_from=1) for t, trace in enumerate(traces)]
+    stats = {}
+    scored = packed_probe_logprobs(random_model, traces, probes, rows_per_forward=2, stats=stats)
+    needed = sum(len(trace) + 3 for trace in traces)
+    assert stats["forward_tokens"] == needed  # main ran 2 forwards x 2 rows x 93 = 372, not 208
+    for a, b in zip(scored, unpacked_probe_logprobs(random_model, traces, probes)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_packed_scorer_runs_a_trace_only_up_to_its_last_probe(random_model):
+    """No probe attends past its prefix, so a row stops at its longest probed prefix: the tail of
+    the trace (the last segment, 1,000 tokens for a truncated chain cut early) is not run."""
+    g = torch.Generator().manual_seed(5)
+    traces = [torch.randint(0, 40, (60,), generator=g).tolist()]
+    probes = [Probe(trace=0, prefix_len=n, tokens=(3, 4), scored_from=0) for n in (5, 12)]
+    stats = {}
+    scored = packed_probe_logprobs(random_model, traces, probes, stats=stats)
+    assert stats["forward_tokens"] == 12 + 2 + 2  # main ran the whole trace: 60 + 2 + 2
+    for a, b in zip(scored, unpacked_probe_logprobs(random_model, traces, probes)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_suffix_is_skips_slots_whose_suffixes_share_one_utility():
     """Self-normalised weights sum to one, so a uniform group's values equal its reward without
     scoring anything; a mixed group still needs the model."""
