@@ -23,7 +23,9 @@ Two things matter at real-model scale and are handled here:
   an update (4k tokens x 152k x 4 bytes = 2.5 GB per sequence, twice over for log_softmax).
   With ``chunk_tokens`` the decoder body runs once and the LM head, softmax and gather run over
   ``chunk_tokens`` completion positions at a time; under autograd each chunk is checkpointed, so
-  backward recomputes that chunk's logits instead of keeping all of them. Only real completion
+  backward recomputes that chunk's logits instead of keeping all of them, and the log-softmax +
+  gather's backward (``LogSoftmaxGather``) turns the log-softmax into the logits' gradient in
+  place instead of allocating two more (N, V) tensors. Only real completion
   positions are computed (padding is skipped). Models whose logits are not a plain ``lm_head``
   of the last hidden state (final-logit soft-capping, logit scaling) fall back to one full pass.
 """
@@ -89,6 +91,62 @@ def nucleus_logits(logits: torch.Tensor, top_p: float, keep: torch.Tensor | None
     return logits.masked_fill(remove, float("-inf"))
 
 
+# Elements of one (rows, vocabulary) block of ``LogSoftmaxGather``'s backward: 2^20 floats (4 MiB),
+# 21 rows at SmolLM2's 49k vocabulary; two such blocks are alive beside the log-softmax.
+_BACKWARD_BLOCK_ELEMENTS = 1 << 20
+
+
+class LogSoftmaxGather(torch.autograd.Function):
+    """``log_softmax(logits)`` and its entries at ``targets``, whose backward holds one (N, V) tensor.
+
+    Autograd's log_softmax + gather keep the log-softmax for backward and there allocate the
+    gather's gradient (zeros with one entry per row) and the logits' gradient: three (N, V)
+    float32 tensors at once, the peak of a long completion's update (192 MiB each for 1,024
+    positions x 49k; docs/studies/real-model-speed.md, "Defaults (issue 42)"). Here backward
+    builds the gather's gradient a block of rows at a time, runs torch's own log-softmax backward
+    kernel on the block and writes the result over the block's log-softmax, which nothing else
+    reads: the (N, V) tensor returned is the saved log-softmax, now the logits' gradient.
+
+    The numbers are autograd's bit for bit, at any temperature and top_p (those stay ordinary
+    autograd ops before this one): the same ops (``scatter_add_`` onto zeros as gather's backward,
+    ``_log_softmax_backward_data`` as log_softmax's) on the same values, and the kernel treats
+    every row alone. Repeating the kernel's arithmetic in Python (``g - exp(logp) * g``) would
+    not be: on torch 2.13's AVX512 kernel its exp differs from ``torch.exp`` by one ulp on ~10% of
+    the entries, and it fuses the multiply-subtract (an FMA), which torch has no op for.
+
+    Returns the log-probs (N,) and the log-softmax (N, V) without gradient (for the entropy). A
+    second backward through the same graph (``retain_graph=True``) raises: the log-softmax is gone.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor):
+        logp = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(logp, targets)
+        ctx.mark_non_differentiable(logp)
+        ctx.set_materialize_grads(False)  # no (N, V) zeros for the log-softmax output's gradient
+        ctx.consumed = False
+        return logp.gather(-1, targets[:, None]).squeeze(-1), logp
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor | None, _grad_logp: None):
+        if ctx.consumed:
+            raise RuntimeError("LogSoftmaxGather: a second backward through the same graph; its log-softmax "
+                               "became the first backward's gradient (run the forward again instead of "
+                               "retain_graph=True)")
+        logp, targets = ctx.saved_tensors
+        if grad_logprobs is None:
+            return None, None
+        ctx.consumed = True
+        rows = max(1, _BACKWARD_BLOCK_ELEMENTS // max(1, logp.shape[-1]))
+        for start in range(0, logp.shape[0], rows):
+            block = logp[start : start + rows]
+            grad_block = torch.zeros_like(block).scatter_add_(
+                -1, targets[start : start + rows, None], grad_logprobs[start : start + rows, None])
+            # the op autograd's formula for log_softmax calls (derivatives.yaml), with its arguments
+            block.copy_(torch._log_softmax_backward_data(grad_block, block, -1, block.dtype))
+        return logp, None
+
+
 def token_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0,
     with_entropy: bool = False,
@@ -101,8 +159,7 @@ def token_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     logits = nucleus_logits(logits, top_p, keep=targets)
-    logp = torch.log_softmax(logits, dim=-1)
-    logprobs = logp.gather(-1, targets[:, None]).squeeze(-1)
+    logprobs, logp = LogSoftmaxGather.apply(logits, targets)
     entropies = None
     if with_entropy:
         with torch.no_grad():
