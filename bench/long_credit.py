@@ -337,7 +337,8 @@ def main() -> None:
     parser.add_argument("--kv-cache", action="store_true", help="also time this checkout's KV-cache scorer")
     parser.add_argument("--short", action="store_true", help="short chains of the embedded model instead (docstring)")
     parser.add_argument("--reference", type=int, metavar="K", help="against scoring every K-th probe from scratch (docstring)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "real-model-speed" / "long-credit" / "long_credit.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "long_credit.json",
+                        help="where the JSON goes; the committed figures take --out results/real-model-speed/long-credit/...")
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--probe-scoring", default="auto", help=argparse.SUPPRESS)
