@@ -188,6 +188,9 @@ def test_a_signal_while_the_final_weights_are_written_checkpoints_the_last_step(
 # Patches the sample stage to send the process SIGNAL while it samples.
 SAMPLE_WITH_SIGNAL = """
     import os, signal, sys
+    # Python's own Ctrl-C handler, as a start from a terminal gives it: a job started with `&` from a
+    # script inherits SIGINT ignored, and Python then keeps ignoring it (the suite run that way failed)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from rredcot_cli.stages import sample
     real = sample.sample_rows
     def sample_rows(*args, **kwargs):
