@@ -36,8 +36,8 @@ train split (``--split``: another; ``--prompts`` of them, 8 by default) with ``-
 ``--row-lengths L1,L2,...`` (vLLM only): request k of the timed call decodes exactly L_k tokens,
 EOS ignored (bench/sampling_vs_vllm.py passes the lengths HF sampled, so that both backends do the
 same work). The driver also reports ``load_s`` (load_policy), for vLLM ``engine_start_s`` (the
-engine's constructor alone), every completion's length (``lengths``) and hashes of the prompts
-and the sampled tokens.
+engine's constructor alone), every completion's length (``lengths``) and hashes of the prompts,
+the sampled tokens and their log-probs.
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
 (bench/measure.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
@@ -250,7 +250,8 @@ def decode_driver(args: argparse.Namespace) -> None:
         "lengths": lengths, "row_lengths_given": per_request is not None,
         # the prompts and the samples themselves: equal hashes = the same token ids in the same order
         "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
-        "tokens_sha256": hashlib.sha256(json.dumps([c.token_ids for g in groups for c in g]).encode()).hexdigest()}))
+        "tokens_sha256": hashlib.sha256(json.dumps([c.token_ids for g in groups for c in g]).encode()).hexdigest(),
+        "logprobs_sha256": hashlib.sha256(json.dumps([c.logprobs for g in groups for c in g]).encode()).hexdigest()}))
 
 
 # =========================================================================== the bench
