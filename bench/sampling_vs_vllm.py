@@ -79,6 +79,16 @@ def row_lengths_args(hf_run: dict) -> list[str]:
     return ["--row-lengths", ",".join(str(n) for n in hf_run["lengths"])]
 
 
+def run_round(measure, same_lengths: bool) -> None:
+    """One round of a shape: HF, vLLM on its own samples, then (``same_lengths``, and HF's call
+    succeeded) vLLM at HF's per-row lengths. ``measure(backend, extra driver arguments)`` runs one
+    call and returns its result."""
+    hf = measure("hf", [])
+    measure("vllm", [])
+    if same_lengths and "lengths" in hf:
+        measure("vllm", row_lengths_args(hf))
+
+
 def same_lengths_ratios(runs: list[dict], shape: str) -> dict:
     """Per round where vLLM decoded HF's per-row lengths on the same prompts: HF's seconds over
     vLLM's (= vLLM's tokens/s over HF's on the same tokens), by wall and per CPU second; medians."""
@@ -108,14 +118,15 @@ def main() -> None:
                     help="shapes (comma list, or none) whose rounds also run vLLM at HF's per-row lengths")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "sampling_vs_vllm.json"))
     args = ap.parse_args()
-    if not vllm_importable(args.vllm_python):
-        raise SystemExit(f"{args.vllm_python} cannot import vllm and rredcot_cli: pass --vllm-python "
-                         "(an interpreter of the vLLM lane's venv, README 'vLLM on CPU')")
     shapes = [s for s in args.shapes.split(",") if s]
     same_lengths = {s for s in args.same_lengths.split(",") if s and s != "none"}
     unknown = sorted(set(shapes) - set(SHAPES)) + sorted(same_lengths - set(SHAPES))
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}: pick from {', '.join(SHAPES)}")
+    if not vllm_importable(args.vllm_python):
+        raise SystemExit(f"{args.vllm_python} cannot import vllm and rredcot_cli: pass --vllm-python "
+                         "(an interpreter of the vLLM lane's venv, README 'vLLM on CPU')")
+    python = {"hf": sys.executable, "vllm": args.vllm_python}
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     record = {"measured": dt.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
               "machine": machine(), "model": MODEL_PATH, "seed": 0, "threads": 1, "nproc": os.cpu_count(),
@@ -124,9 +135,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def measure(shape: str, round_: int, backend: str, python: str, extra: list[str]) -> dict:
+    def measure(shape: str, round_: int, backend: str, extra: list[str]) -> dict:
         load_before = Path("/proc/loadavg").read_text().strip()
-        result = run_decode(backend, python, SHAPES[shape][0], False, SHAPES[shape][1] + extra, env)
+        result = run_decode(backend, python[backend], SHAPES[shape][0], False, SHAPES[shape][1] + extra, env)
         record["runs"].append({"shape": shape, "round": round_, "loadavg_before": load_before,
                                "loadavg_after": Path("/proc/loadavg").read_text().strip(), **result})
         out.write_text(json.dumps(record, indent=2) + "\n")  # kept as it goes: a stopped run loses one call
@@ -134,10 +145,7 @@ def main() -> None:
 
     for shape in shapes:
         for round_ in range(args.repeats):
-            hf = measure(shape, round_, "hf", sys.executable, [])
-            measure(shape, round_, "vllm", args.vllm_python, [])
-            if shape in same_lengths and "lengths" in hf:
-                measure(shape, round_, "vllm", args.vllm_python, row_lengths_args(hf))
+            run_round(lambda backend, extra: measure(shape, round_, backend, extra), shape in same_lengths)
         record["ratios"][shape] = {"own_samples": ratios(record["runs"], shape),
                                    "same_lengths": same_lengths_ratios(record["runs"], shape)}
         out.write_text(json.dumps(record, indent=2) + "\n")

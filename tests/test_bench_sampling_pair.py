@@ -109,3 +109,18 @@ def test_the_step_pair_composes_to_the_long_arith_shape():
     assert cfg.train.prompts_per_step == 4 and cfg.sampling.n == 4 and cfg.seed == 0
     assert cfg.benchmark.prompt_template == (
         "{question} Explain your reasoning step by step in detail, then give the final answer.")
+
+
+@pytest.mark.parametrize("same_lengths, hf_result, third", [
+    (True, {"lengths": [3, 5]}, ("vllm", ["--row-lengths", "3,5"])),
+    (False, {"lengths": [3, 5]}, None),
+    (True, {"returncode": 1}, None)])  # HF's call failed: no lengths to give vLLM
+def test_a_round_runs_hf_then_vllm_then_vllm_at_hf_lengths(same_lengths, hf_result, third):
+    calls = []
+
+    def measure(backend, extra):
+        calls.append((backend, extra))
+        return hf_result if backend == "hf" else {}
+
+    sampling.run_round(measure, same_lengths)
+    assert calls == [("hf", []), ("vllm", [])] + ([third] if third else [])
