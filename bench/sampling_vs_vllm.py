@@ -1,14 +1,23 @@
 """HF sampling against vLLM's standalone rate on the real model, both lengths, paired (issue 42 item 2).
 
     python bench/sampling_vs_vllm.py --vllm-python .venv-vllm/bin/python \
-        --out results/real-model-speed/sampling_vs_vllm.json        # ~15 min on a quiet core
+        --out results/real-model-speed/sampling_vs_vllm.json        # ~20 min on a quiet core
 
 Each measurement is one ``bench/throughput.py --decode-driver`` process (bench/real_model.py's
 ``run_decode``: one torch thread, the backend loaded as ``rredcot train`` loads it, a warm-up call,
 then one timed ``generate`` call; vLLM with ``enforce_eager``) on SmolLM2-135M-Instruct in fp32,
 seed 0, with the CPU other processes used meanwhile (``others_cores``; above ~0.15 the figure is a
-busy machine's). HF and vLLM alternate within a shape, ``--repeats`` rounds; the ratio per round
-is vLLM tokens/s over HF tokens/s, by wall and per CPU second.
+busy machine's). HF and vLLM alternate within a shape, ``--repeats`` rounds. Two ratios per round,
+both in the JSON (``ratios.<shape>``), by wall and per CPU second:
+
+- ``own_samples``: vLLM's tokens/s on its own samples over HF's on HF's. With EOS ending rows the
+  two differ in length (on the short shape vLLM's had 25% more tokens in about the same number of
+  steps, since a call runs to its longest row), so this compares different work.
+- ``same_lengths`` (the shapes of ``--same-lengths``; short by default): a third call per round,
+  vLLM decoding exactly HF's per-row lengths of that round (request k: ``max_tokens`` = the length
+  HF sampled for row k, EOS included, and ``ignore_eos``; ``--row-lengths`` of the driver). Same
+  prompts, same rows, same lengths (the driver checks them, and the JSON records both runs'
+  ``lengths`` and ``prompts_sha256``), so the ratio is one of times: HF's seconds over vLLM's.
 
 Shapes:
 
@@ -45,11 +54,15 @@ SHAPES = {
 }
 
 
+# the long shape ignores EOS on both backends: every row decodes 1,024 tokens, the same work already
+SAME_LENGTHS_SHAPES = "short"
+
+
 def ratios(runs: list[dict], shape: str) -> dict:
-    """Per round: vLLM's tokens/s over HF's, by wall and per CPU second; their medians."""
+    """Per round: vLLM's tokens/s on its own samples over HF's, by wall and per CPU second; their medians."""
     by_round: dict[int, dict] = {}
     for r in runs:
-        if r["shape"] == shape and "tokens_per_s" in r:
+        if r["shape"] == shape and "tokens_per_s" in r and not r.get("row_lengths_given"):
             by_round.setdefault(r["round"], {})[r["backend"]] = r
     wall = [p["vllm"]["tokens_per_s"] / p["hf"]["tokens_per_s"] for p in by_round.values() if len(p) == 2]
     cpu = [p["vllm"]["tokens_per_cpu_s"] / p["hf"]["tokens_per_cpu_s"] for p in by_round.values() if len(p) == 2]
@@ -61,37 +74,85 @@ def ratios(runs: list[dict], shape: str) -> dict:
             "others_cores_max": max(r["others_cores_mean"] for r in runs if r["shape"] == shape)}
 
 
+def row_lengths_args(hf_run: dict) -> list[str]:
+    """The decode driver's arguments that make vLLM decode the rows of ``hf_run`` at HF's lengths."""
+    return ["--row-lengths", ",".join(str(n) for n in hf_run["lengths"])]
+
+
+def run_round(measure, same_lengths: bool) -> None:
+    """One round of a shape: HF, vLLM on its own samples, then (``same_lengths``, and HF's call
+    succeeded) vLLM at HF's per-row lengths. ``measure(backend, extra driver arguments)`` runs one
+    call and returns its result."""
+    hf = measure("hf", [])
+    measure("vllm", [])
+    if same_lengths and "lengths" in hf:
+        measure("vllm", row_lengths_args(hf))
+
+
+def same_lengths_ratios(runs: list[dict], shape: str) -> dict:
+    """Per round where vLLM decoded HF's per-row lengths on the same prompts: HF's seconds over
+    vLLM's (= vLLM's tokens/s over HF's on the same tokens), by wall and per CPU second; medians."""
+    pairs = []
+    for round_ in sorted({r["round"] for r in runs if r["shape"] == shape}):
+        done = [r for r in runs if r["shape"] == shape and r["round"] == round_ and "tokens_per_s" in r]
+        hf = next((r for r in done if r["backend"] == "hf"), None)
+        vllm = next((r for r in done if r["backend"] == "vllm" and r.get("row_lengths_given")), None)
+        if hf and vllm and hf["lengths"] == vllm["lengths"] and hf["prompts_sha256"] == vllm["prompts_sha256"]:
+            pairs.append((hf, vllm))
+    if not pairs:
+        return {}
+    wall = [hf["wall_s"] / vllm["wall_s"] for hf, vllm in pairs]
+    cpu = [hf["cpu_s"] / vllm["cpu_s"] for hf, vllm in pairs]
+    return {"by_wall": wall, "per_cpu_s": cpu, "median_by_wall": statistics.median(wall),
+            "median_per_cpu_s": statistics.median(cpu), "goal": GOAL,
+            "met_by_wall": statistics.median(wall) <= GOAL, "tokens": [hf["tokens"] for hf, _ in pairs],
+            "others_cores_max": max(r["others_cores_mean"] for pair in pairs for r in pair)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--shapes", default="short,long")
     ap.add_argument("--repeats", type=int, default=1, help="rounds of HF then vLLM per shape")
+    ap.add_argument("--same-lengths", default=SAME_LENGTHS_SHAPES,
+                    help="shapes (comma list, or none) whose rounds also run vLLM at HF's per-row lengths")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "sampling_vs_vllm.json"))
     args = ap.parse_args()
+    shapes = [s for s in args.shapes.split(",") if s]
+    same_lengths = {s for s in args.same_lengths.split(",") if s and s != "none"}
+    unknown = sorted(set(shapes) - set(SHAPES)) + sorted(same_lengths - set(SHAPES))
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}: pick from {', '.join(SHAPES)}")
     if not vllm_importable(args.vllm_python):
         raise SystemExit(f"{args.vllm_python} cannot import vllm and rredcot_cli: pass --vllm-python "
                          "(an interpreter of the vLLM lane's venv, README 'vLLM on CPU')")
+    python = {"hf": sys.executable, "vllm": args.vllm_python}
     env = {**THREAD_ENV, "PYTHONPATH": str(ROOT)}  # this checkout's rredcot_cli in the vLLM venv too
     record = {"measured": dt.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
               "machine": machine(), "model": MODEL_PATH, "seed": 0, "threads": 1, "nproc": os.cpu_count(),
-              "shapes": {k: [b, *a] for k, (b, a) in SHAPES.items()}, "runs": [], "ratios": {}}
+              "shapes": {k: [b, *a] for k, (b, a) in SHAPES.items()}, "same_lengths_shapes": sorted(same_lengths),
+              "runs": [], "ratios": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for shape in args.shapes.split(","):
-        benchmark, shape_args = SHAPES[shape]
+
+    def measure(shape: str, round_: int, backend: str, extra: list[str]) -> dict:
+        load_before = Path("/proc/loadavg").read_text().strip()
+        result = run_decode(backend, python[backend], SHAPES[shape][0], False, SHAPES[shape][1] + extra, env)
+        record["runs"].append({"shape": shape, "round": round_, "loadavg_before": load_before,
+                               "loadavg_after": Path("/proc/loadavg").read_text().strip(), **result})
+        out.write_text(json.dumps(record, indent=2) + "\n")  # kept as it goes: a stopped run loses one call
+        return result
+
+    for shape in shapes:
         for round_ in range(args.repeats):
-            for backend, python in (("hf", sys.executable), ("vllm", args.vllm_python)):
-                load_before = Path("/proc/loadavg").read_text().strip()
-                result = run_decode(backend, python, benchmark, False, shape_args, env)
-                record["runs"].append({"shape": shape, "round": round_, "loadavg_before": load_before,
-                                       "loadavg_after": Path("/proc/loadavg").read_text().strip(), **result})
-                out.write_text(json.dumps(record, indent=2) + "\n")  # kept as it goes: a stopped run loses one call
-        record["ratios"][shape] = ratios(record["runs"], shape)
+            run_round(lambda backend, extra: measure(shape, round_, backend, extra), shape in same_lengths)
+        record["ratios"][shape] = {"own_samples": ratios(record["runs"], shape),
+                                   "same_lengths": same_lengths_ratios(record["runs"], shape)}
         out.write_text(json.dumps(record, indent=2) + "\n")
-        r = record["ratios"][shape]
-        if r:
-            print(f"{shape}: vLLM / HF = {r['median_by_wall']:.2f}x by wall, {r['median_per_cpu_s']:.2f}x per CPU s "
-                  f"(goal <= {GOAL}x; others' cores up to {r['others_cores_max']:.2f})", flush=True)
+        for kind, r in record["ratios"][shape].items():
+            if r:
+                print(f"{shape}, {kind}: vLLM / HF = {r['median_by_wall']:.2f}x by wall, {r['median_per_cpu_s']:.2f}x "
+                      f"per CPU s (goal <= {GOAL}x; others' cores up to {r['others_cores_max']:.2f})", flush=True)
     print(f"wrote {out}")
 
 

@@ -32,9 +32,12 @@ short prompts, as in the long-chain study). tokens/s = generated tokens / wall s
 ``--decode-driver --model M`` (bench/real_model.py) decodes with model M instead, its prompts
 formatted as ``rredcot train`` formats them (``model.chat_template=auto``), on ``--benchmark``'s
 train split (``--split``: another; ``--prompts`` of them, 8 by default) with ``--n`` samples and ``--max-new-tokens``
-(``--ignore-eos``: every row runs to it, on either backend); ``--enforce-eager`` is vLLM's. The
-driver also reports ``load_s`` (load_policy) and, for vLLM, ``engine_start_s`` (the engine's
-constructor alone).
+(``--ignore-eos``: every row runs to it, on either backend); ``--enforce-eager`` is vLLM's.
+``--row-lengths L1,L2,...`` (vLLM only): request k of the timed call decodes exactly L_k tokens,
+EOS ignored (bench/sampling_vs_vllm.py passes the lengths HF sampled, so that both backends do the
+same work). The driver also reports ``load_s`` (load_policy), for vLLM ``engine_start_s`` (the
+engine's constructor alone), every completion's length (``lengths``) and hashes of the prompts,
+the sampled tokens and their log-probs.
 
 ``others_cores`` is the CPU (in cores) used by processes outside the bench while a run ran
 (bench/measure.py's LoadWatcher): above ~0.15 on this 2-core machine the numbers are a busy
@@ -141,6 +144,31 @@ def trl_driver(args: argparse.Namespace) -> None:
                                       "mean_lengths": lengths, "rewards": rewards, "batch": batch}))
 
 
+def fixed_length_requests(lengths: list[int]) -> list[dict]:
+    """vLLM SamplingParams settings that make request k decode exactly ``lengths[k]`` tokens: its
+    ``max_tokens``, with EOS and the generation config's stop tokens ignored (``ignore_eos``)."""
+    if not lengths or any(n < 1 for n in lengths):
+        raise ValueError(f"row lengths must be >= 1 each, one per request; got {lengths}")
+    return [{"max_tokens": n, "ignore_eos": True} for n in lengths]
+
+
+class PerRequestParams:
+    """Stands in for ``vllm.SamplingParams`` while the timed call builds its requests (the vLLM
+    backend makes one n=1 request per sample, prompt-major, in ``_generate``): the k-th params made
+    get ``settings[k]`` on top of what the backend asked for. ``used`` counts them, so that the
+    driver can check that every setting went to exactly one request."""
+
+    def __init__(self, make, settings: list[dict]):
+        self.make, self.settings, self.used = make, settings, 0
+
+    def __call__(self, *args, **kwargs):
+        if self.used == len(self.settings):
+            raise RuntimeError(f"the call made more than the {len(self.settings)} requests given --row-lengths")
+        kwargs.update(self.settings[self.used])
+        self.used += 1
+        return self.make(*args, **kwargs)
+
+
 def decode_driver(args: argparse.Namespace) -> None:
     """One warm-up call, then one timed generate call of 8 prompts x 8 samples; prints JSON."""
     import torch
@@ -196,18 +224,34 @@ def decode_driver(args: argparse.Namespace) -> None:
         vllm.SamplingParams = functools.partial(vllm.SamplingParams, ignore_eos=True)
     params = SamplingParams(n=args.n or 8, max_new_tokens=args.max_new_tokens or case["max_new_tokens"], temperature=1.0)
     policy.backend.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=8, temperature=1.0), seed=1)  # warm-up
+    per_request = None
+    if args.row_lengths:  # after the warm-up: only the timed call's requests get the lengths
+        import vllm  # optional dependency, loaded by load_policy above
+
+        wanted = [int(n) for n in args.row_lengths.split(",")]
+        if len(wanted) != len(prompts) * params.n:
+            print(f"--row-lengths: {len(wanted)} lengths for {len(prompts)} prompts x {params.n} samples; "
+                  "pass one per completion, prompt-major", file=sys.stderr)
+            raise SystemExit(2)
+        per_request = vllm.SamplingParams = PerRequestParams(vllm.SamplingParams, fixed_length_requests(wanted))
     c0, t0 = time.process_time(), time.perf_counter()
     groups = policy.backend.generate(prompts, params, seed=0)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lengths = [len(c.token_ids) for g in groups for c in g]
+    if per_request is not None and (per_request.used != len(wanted) or lengths != wanted):
+        raise SystemExit(f"--row-lengths: asked for {wanted} in {len(wanted)} requests, the call made "
+                         f"{per_request.used} and decoded {lengths}")
     print("DECODE_RESULT " + json.dumps({
         "backend": args.backend, "case": args.case, "rredcot_cli": str(Path(sys.modules["rredcot_cli"].__file__).parent), "model": args.model or long_model or "embedded", **engine,
         "n": params.n, "max_new_tokens": params.max_new_tokens, "completions": len(lengths), "tokens": sum(lengths),
         "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
         "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "wall_s": wall, "cpu_s": cpu,
         "tokens_per_s": sum(lengths) / wall, "tokens_per_cpu_s": sum(lengths) / cpu,
-        # the samples themselves: equal hashes = the same token ids in the same order
-        "tokens_sha256": hashlib.sha256(json.dumps([c.token_ids for g in groups for c in g]).encode()).hexdigest()}))
+        "lengths": lengths, "row_lengths_given": per_request is not None,
+        # the prompts and the samples themselves: equal hashes = the same token ids in the same order
+        "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "tokens_sha256": hashlib.sha256(json.dumps([c.token_ids for g in groups for c in g]).encode()).hexdigest(),
+        "logprobs_sha256": hashlib.sha256(json.dumps([c.logprobs for g in groups for c in g]).encode()).hexdigest()}))
 
 
 # =========================================================================== the bench
@@ -463,6 +507,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--split", default="train", help=argparse.SUPPRESS)  # the prompts' split (--model only)
     ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--row-lengths", default=None, help=argparse.SUPPRESS)  # vLLM: exact length per request
     ap.add_argument("--steps", type=int, default=10, help="training steps (TRL: rounds) per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each method, alternating")
     ap.add_argument("--methods", default="grpo,rredcot", help="rredcot methods to time (trl is added when importable)")
@@ -481,6 +526,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.trl_driver:
         return trl_driver(args)
+    if args.row_lengths and (not args.decode_driver or args.backend != "vllm"):
+        ap.error("--row-lengths sets vLLM's per-request lengths: use it with --decode-driver --backend vllm")
     if args.decode_driver:
         return decode_driver(args)
     if args.write_md:
