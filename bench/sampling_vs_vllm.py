@@ -30,6 +30,10 @@ Shapes:
   the same lengths, so their rates compare the same work (with EOS, HF's 655-token mean against
   vLLM's 472 in the long-chain profile compared different work).
 
+``--pool A.json B.json --shapes short`` measures nothing: it pools the rounds of several
+invocations and gives each ratio's geometric mean with a 95% Student-t interval on the logs (one
+round cannot carry a ratio on this VM: identical calls vary by a third).
+
 Goal (issue 42): HF within 1.5x of vLLM standalone at both lengths.
 """
 
@@ -38,12 +42,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import statistics
 import sys
 from pathlib import Path
 
 from measure import commit, machine, vllm_importable
+from rredcot_cli.metrics import mean_ci
 from real_model import MODEL_PATH, THREAD_ENV, run_decode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +115,45 @@ def same_lengths_ratios(runs: list[dict], shape: str) -> dict:
             "others_cores_max": max(r["others_cores_mean"] for pair in pairs for r in pair)}
 
 
+def geometric_interval(ratios_: list[float], confidence: float = 0.95) -> dict:
+    """The geometric mean of per-round ratios and its Student-t interval, taken on their logs (a
+    ratio's noise is multiplicative: a call 20% slower scales it, whichever backend it hits)."""
+    mean, low, high = mean_ci([math.log(r) for r in ratios_], confidence)
+    return {"rounds": len(ratios_), "geometric_mean": math.exp(mean), "confidence": confidence,
+            "low": math.exp(low), "high": math.exp(high)}
+
+
+def pooled(records: list[dict], shape: str) -> dict:
+    """Both ratios of ``shape`` over the rounds of several invocations (each record's rounds
+    renumbered after the previous ones'), with their geometric means and intervals."""
+    runs = []
+    for record in records:
+        first = 1 + max((r["round"] for r in runs), default=-1)
+        runs += [{**r, "round": first + r["round"]} for r in record["runs"] if r["shape"] == shape]
+    result = {}
+    for kind, measure in (("own_samples", ratios), ("same_lengths", same_lengths_ratios)):
+        r = measure(runs, shape)
+        if r:
+            result[kind] = {**r, "by_wall_interval": geometric_interval(r["by_wall"]),
+                            "per_cpu_s_interval": geometric_interval(r["per_cpu_s"])}
+    return result
+
+
+def pool_main(paths: list[str], shape: str, out: str) -> None:
+    """--pool: the ratios over the rounds of the given JSON files, printed and written to ``out``."""
+    records = [json.loads(Path(p).read_text()) for p in paths]
+    result = {"pooled": paths, "commits": sorted({r["commit"] for r in records}), "shape": shape,
+              "ratios": pooled(records, shape)}
+    for kind, r in result["ratios"].items():
+        i = r["by_wall_interval"]
+        print(f"{shape}, {kind}: vLLM / HF = {i['geometric_mean']:.2f}x by wall "
+              f"[{i['low']:.2f}, {i['high']:.2f}] ({i['rounds']} rounds, geometric mean, "
+              f"{i['confidence']:.0%} t-interval; goal <= {GOAL}x)")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -117,7 +162,13 @@ def main() -> None:
     ap.add_argument("--same-lengths", default=SAME_LENGTHS_SHAPES,
                     help="shapes (comma list, or none) whose rounds also run vLLM at HF's per-row lengths")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "sampling_vs_vllm.json"))
+    ap.add_argument("--pool", nargs="+", metavar="JSON",
+                    help="measure nothing: the ratios of --shapes (one) over these files' rounds, with intervals")
     args = ap.parse_args()
+    if args.pool:
+        if "," in args.shapes or args.shapes not in SHAPES:
+            ap.error(f"--pool takes one shape in --shapes: pick from {', '.join(SHAPES)}")
+        return pool_main(args.pool, args.shapes, args.out)
     shapes = [s for s in args.shapes.split(",") if s]
     same_lengths = {s for s in args.same_lengths.split(",") if s and s != "none"}
     unknown = sorted(set(shapes) - set(SHAPES)) + sorted(same_lengths - set(SHAPES))

@@ -3,6 +3,7 @@ vLLM's own samples, and with vLLM decoding HF's per-row lengths), the driver's p
 and the step pair's command composing to the shape its docstring names."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -124,3 +125,36 @@ def test_a_round_runs_hf_then_vllm_then_vllm_at_hf_lengths(same_lengths, hf_resu
 
     sampling.run_round(measure, same_lengths)
     assert calls == [("hf", []), ("vllm", [])] + ([third] if third else [])
+
+
+def test_pooled_rounds_are_renumbered_and_get_a_geometric_interval(tmp_path):
+    """--pool: two invocations' rounds become rounds 0..3 (a round number reused by the second file
+    must not pair its calls with the first file's), and each ratio gets the geometric mean and
+    Student-t interval of its logs, computed here by hand."""
+    first = {"commit": "a", "runs": [_hf(0, 20.0, 20.0, [4, 6]), _vllm_at(0, 10.0, 10.0, [4, 6]),
+                                     _hf(1, 30.0, 30.0, [4, 6]), _vllm_at(1, 15.0, 15.0, [4, 6])]}
+    second = {"commit": "b", "runs": [_hf(0, 40.0, 40.0, [4, 6]), _vllm_at(0, 10.0, 10.0, [4, 6]),
+                                      _hf(1, 10.0, 10.0, [4, 6]), _vllm_at(1, 10.0, 10.0, [4, 6])]}
+    same = sampling.pooled([first, second], "short")["same_lengths"]
+    assert same["by_wall"] == [2.0, 2.0, 4.0, 1.0]
+    interval = same["by_wall_interval"]
+    logs = [math.log(2.0), math.log(2.0), math.log(4.0), math.log(1.0)]  # mean log 2, sd sqrt(2/3) log 2
+    half = 3.182446305284263 * math.sqrt(2 / 3) * math.log(2.0) / 2  # t(0.975, 3) * sd / sqrt(4)
+    assert interval["rounds"] == 4 and interval["geometric_mean"] == pytest.approx(2.0)
+    assert sum(logs) / 4 == pytest.approx(math.log(2.0))
+    assert interval["low"] == pytest.approx(2.0 * math.exp(-half)) and interval["high"] == pytest.approx(2.0 * math.exp(half))
+    assert "own_samples" not in sampling.pooled([first, second], "short")  # no own-samples calls here
+
+    paths = []
+    for name, record in (("one.json", first), ("two.json", second)):
+        (tmp_path / name).write_text(json.dumps(record))
+        paths.append(str(tmp_path / name))
+    done = subprocess.run([sys.executable, "bench/sampling_vs_vllm.py", "--pool", *paths, "--shapes", "short",
+                           "--out", str(tmp_path / "pooled.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / "pooled.json").read_text())
+    assert written["commits"] == ["a", "b"] and written["ratios"]["same_lengths"]["by_wall"] == [2.0, 2.0, 4.0, 1.0]
+    refused = subprocess.run([sys.executable, "bench/sampling_vs_vllm.py", "--pool", *paths, "--shapes", "short,long"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "--pool takes one shape in --shapes: pick from short, long")
