@@ -30,9 +30,9 @@ Shapes:
   the same lengths, so their rates compare the same work (with EOS, HF's 655-token mean against
   vLLM's 472 in the long-chain profile compared different work).
 
-``--pool A.json B.json --shapes short`` measures nothing: it pools the rounds of several
-invocations and gives each ratio's geometric mean with a 95% Student-t interval on the logs (one
-round cannot carry a ratio on this VM: identical calls vary by a third).
+With two rounds or more each ratio also gets its geometric mean and a 95% Student-t interval on the
+logs (one round cannot carry a ratio on this VM: identical calls vary by a third). ``--pool A.json
+B.json --shapes short`` measures nothing: it gives the same over the rounds of several invocations.
 
 Goal (issue 42): HF within 1.5x of vLLM standalone at both lengths.
 """
@@ -133,10 +133,21 @@ def pooled(records: list[dict], shape: str) -> dict:
     result = {}
     for kind, measure in (("own_samples", ratios), ("same_lengths", same_lengths_ratios)):
         r = measure(runs, shape)
-        if r:
-            result[kind] = {**r, "by_wall_interval": geometric_interval(r["by_wall"]),
-                            "per_cpu_s_interval": geometric_interval(r["per_cpu_s"])}
+        if len(r.get("by_wall", [])) >= 2:  # an interval needs two rounds
+            r.update(by_wall_interval=geometric_interval(r["by_wall"]), per_cpu_s_interval=geometric_interval(r["per_cpu_s"]))
+        result[kind] = r
     return result
+
+
+def summary_line(shape: str, kind: str, r: dict) -> str:
+    """One printed line per ratio: the medians, and with two rounds or more the interval by wall."""
+    line = (f"{shape}, {kind}: vLLM / HF = {r['median_by_wall']:.2f}x by wall (median), {r['median_per_cpu_s']:.2f}x "
+            f"per CPU s (goal <= {GOAL}x; others' cores up to {r['others_cores_max']:.2f})")
+    if "by_wall_interval" in r:
+        i = r["by_wall_interval"]
+        line += (f"; geometric mean {i['geometric_mean']:.2f}x [{i['low']:.2f}, {i['high']:.2f}] by wall over "
+                 f"{i['rounds']} rounds ({i['confidence']:.0%} t-interval)")
+    return line
 
 
 def pool_main(paths: list[str], shape: str, out: str) -> None:
@@ -145,10 +156,8 @@ def pool_main(paths: list[str], shape: str, out: str) -> None:
     result = {"pooled": paths, "commits": sorted({r["commit"] for r in records}), "shape": shape,
               "ratios": pooled(records, shape)}
     for kind, r in result["ratios"].items():
-        i = r["by_wall_interval"]
-        print(f"{shape}, {kind}: vLLM / HF = {i['geometric_mean']:.2f}x by wall "
-              f"[{i['low']:.2f}, {i['high']:.2f}] ({i['rounds']} rounds, geometric mean, "
-              f"{i['confidence']:.0%} t-interval; goal <= {GOAL}x)")
+        if r:
+            print(summary_line(shape, kind, r))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
@@ -197,13 +206,11 @@ def main() -> None:
     for shape in shapes:
         for round_ in range(args.repeats):
             run_round(lambda backend, extra: measure(shape, round_, backend, extra), shape in same_lengths)
-        record["ratios"][shape] = {"own_samples": ratios(record["runs"], shape),
-                                   "same_lengths": same_lengths_ratios(record["runs"], shape)}
+        record["ratios"][shape] = pooled([record], shape)
         out.write_text(json.dumps(record, indent=2) + "\n")
         for kind, r in record["ratios"][shape].items():
             if r:
-                print(f"{shape}, {kind}: vLLM / HF = {r['median_by_wall']:.2f}x by wall, {r['median_per_cpu_s']:.2f}x "
-                      f"per CPU s (goal <= {GOAL}x; others' cores up to {r['others_cores_max']:.2f})", flush=True)
+                print(summary_line(shape, kind, r), flush=True)
     print(f"wrote {out}")
 
 

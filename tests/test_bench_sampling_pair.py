@@ -143,7 +143,12 @@ def test_pooled_rounds_are_renumbered_and_get_a_geometric_interval(tmp_path):
     assert interval["rounds"] == 4 and interval["geometric_mean"] == pytest.approx(2.0)
     assert sum(logs) / 4 == pytest.approx(math.log(2.0))
     assert interval["low"] == pytest.approx(2.0 * math.exp(-half)) and interval["high"] == pytest.approx(2.0 * math.exp(half))
-    assert "own_samples" not in sampling.pooled([first, second], "short")  # no own-samples calls here
+    assert sampling.pooled([first, second], "short")["own_samples"] == {}  # no own-samples calls here
+    one_round = sampling.pooled([{"runs": first["runs"][:2]}], "short")["same_lengths"]
+    assert one_round["by_wall"] == [2.0] and "by_wall_interval" not in one_round  # an interval needs two rounds
+    assert sampling.summary_line("short", "same_lengths", same) == (
+        "short, same_lengths: vLLM / HF = 2.00x by wall (median), 2.00x per CPU s (goal <= 1.5x; others' cores up "
+        "to 0.00); geometric mean 2.00x [0.81, 4.92] by wall over 4 rounds (95% t-interval)")
 
     paths = []
     for name, record in (("one.json", first), ("two.json", second)):
