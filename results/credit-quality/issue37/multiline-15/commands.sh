@@ -1,31 +1,13 @@
 #!/usr/bin/env bash
-# The 15-batch multi-line judge (PLAN.md). Run from the repository root at commit 7114ecd or later.
+# The 15-batch multi-line judge (PLAN.md). Run from the repository root at commit 7114ecd or later
+# (split() was inline then; it now calls split_batches.py, the same code, shared with rejudge-packed/go.sh).
 # OMP_NUM_THREADS=1; the machine ran the where-credit-pays study beside it (load ~2-3).
 set -euo pipefail
 export OMP_NUM_THREADS=1
 model="model=smollm2-135m-instruct model.chat_template=false benchmark=arith_multiline sampling.max_new_tokens=96"
 J=results/credit-quality/issue37/multiline-15; mkdir -p $J/logs
 split() {  # cut a sample+segment run into batches of 2 prompt groups: split SRC PREFIX BATCHES
-  python - "$@" <<'PY'
-import hashlib, json, os, shutil, sys
-import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
-src, prefix, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
-s = pq.read_table(f"{src}/sample/samples.parquet"); g = pq.read_table(f"{src}/segment/segments.parquet")
-prompts = list(dict.fromkeys(s.column("prompt_id").to_pylist()))
-sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
-for b in range(batches):
-    d = f"{prefix}{b + 1}"; shutil.rmtree(d, ignore_errors=True)
-    for stage, table, name in (("sample", s, "samples.parquet"), ("segment", g, "segments.parquet")):
-        os.makedirs(f"{d}/{stage}")
-        for f in ("config.yaml", "manifest.json", "overrides.yaml"):
-            shutil.copy(f"{src}/{stage}/{f}", f"{d}/{stage}/{f}")
-        pq.write_table(table.filter(pc.is_in(table.column("prompt_id"), value_set=pa.array(prompts[2 * b:2 * b + 2]))), f"{d}/{stage}/{name}")
-    m = json.load(open(f"{d}/sample/manifest.json")); m["outputs"]["samples"]["sha256"] = sha(f"{d}/sample/samples.parquet")
-    json.dump(m, open(f"{d}/sample/manifest.json", "w"), indent=2)
-    m = json.load(open(f"{d}/segment/manifest.json")); m["inputs"]["samples"].update(path=f"{d}/sample/samples.parquet", sha256=sha(f"{d}/sample/samples.parquet"))
-    m["outputs"]["segments"]["sha256"] = sha(f"{d}/segment/segments.parquet"); json.dump(m, open(f"{d}/segment/manifest.json", "w"), indent=2)
-    print(d, sha(f"{d}/sample/samples.parquet"), sha(f"{d}/segment/segments.parquet"))
-PY
+  python results/credit-quality/issue37/multiline-15/split_batches.py "$@"
 }
 # --- batches 1-5: the first judge's traces again (seed 1, test split) and its kept MC references
 rredcot sample run.dir=runs/jd seed=1 $model sample.num_prompts=10 sampling.n=8
