@@ -1,13 +1,11 @@
 """scripts/keep_finished_runs.py copies a study's finished runs, and nothing unfinished, into the tree to commit."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("keep_finished_runs", REPO / "scripts" / "keep_finished_runs.py")
-keep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(keep)
+from repo_scripts import load_script
+
+keep = load_script("scripts/keep_finished_runs.py")
 
 
 def _run(root: Path, rel: str, status: str) -> Path:

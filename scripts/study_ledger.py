@@ -1,0 +1,120 @@
+"""Every run of a study and the time it took: the ledger its closing note lists (issue 39).
+
+    python scripts/study_ledger.py results/where-credit-pays            # a table per setting, then the totals
+    python scripts/study_ledger.py results/where-credit-pays --json ledger.json
+
+A run is a folder holding ``train/manifest.json`` (its ``rollouts/`` are parts of it, not runs). For
+each: the setting, the block (``sweep/<arm>`` or ``runs``), its status, the commit it ran at, when it
+started and finished, and from ``train/summary.json`` its ``seconds`` (wall) and ``cpu_seconds``
+(both summed over a resumed run's attempts). Then, per setting, the totals in core-hours beside the
+budget registered in the study's ``protocol.json`` (section 1.3 of docs/studies/where-credit-pays.md
+counts a run's wall seconds as its core-hours, one thread each; CPU hours are shown beside them, and
+are the smaller figure on a shared machine).
+
+Nothing but manifests and the two timing fields of each summary is read, so the ledger can be drawn
+while a study runs without an interim look at its results.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    setting: str
+    block: str  # "sweep/<arm>" or "runs"
+    name: str
+    status: str
+    commit: str | None
+    started: str | None
+    finished: str | None
+    seconds: float | None  # wall seconds of the run (None until it finishes)
+    cpu_seconds: float | None
+
+
+def ledger(study: Path) -> list[RunEntry]:
+    """Every run under ``study/<setting>/``, sorted by setting, block and name."""
+    entries = []
+    for manifest_path in sorted(study.glob("*/**/train/manifest.json")):
+        run = manifest_path.parent.parent
+        rel = run.relative_to(study)
+        if "rollouts" in rel.parts or "checkpoints" in rel.parts:
+            continue
+        manifest = json.loads(manifest_path.read_text())
+        summary_path = run / "train" / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        entries.append(RunEntry(
+            setting=rel.parts[0], block="/".join(rel.parts[1:-1]), name=rel.parts[-1],
+            status=manifest.get("status", "unknown"), commit=(manifest.get("git") or {}).get("sha"),
+            started=manifest.get("created"), finished=manifest.get("finished"),
+            seconds=summary.get("seconds"), cpu_seconds=summary.get("cpu_seconds"),
+        ))
+    return entries
+
+
+def totals(entries: list[RunEntry], protocol: dict) -> list[dict]:
+    """Per setting: runs by status, wall and CPU core-hours, and the registered budget."""
+    out = []
+    for setting in sorted({e.setting for e in entries}):
+        mine = [e for e in entries if e.setting == setting]
+        budget = protocol.get("settings", {}).get(setting, {}).get("cpu_budget_core_hours", {})
+        out.append({
+            "setting": setting,
+            "runs": len(mine),
+            "complete": sum(e.status == "complete" for e in mine),
+            "wall_core_hours": round(sum(e.seconds or 0.0 for e in mine) / 3600, 2),
+            "cpu_hours": round(sum(e.cpu_seconds or 0.0 for e in mine) / 3600, 2),
+            "budget_primary": budget.get("primary"),
+            "budget_total": budget.get("total"),
+        })
+    return out
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def _budget(row: dict) -> str:
+    return "" if row["budget_primary"] is None else f"{row['budget_primary']} / {row['budget_total']}"
+
+
+def markdown(entries: list[RunEntry], sums: list[dict]) -> str:
+    lines = ["| setting | block | run | status | commit | started (UTC) | wall s | CPU s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        lines.append(f"| {e.setting} | {e.block} | {e.name} | {e.status} | {(e.commit or '')[:7]} | "
+                     f"{(e.started or '')[:16].replace('T', ' ')} | {_num(e.seconds)} | {_num(e.cpu_seconds)} |")
+    lines += ["", "| setting | runs | complete | wall core-hours | CPU hours | budget (primary / total) |",
+              "|---|---|---|---|---|---|"]
+    for s in sums:
+        lines.append(f"| {s['setting']} | {s['runs']} | {s['complete']} | {s['wall_core_hours']:.2f} | "
+                     f"{s['cpu_hours']:.2f} | {_budget(s)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", type=Path, help="the study's folder, e.g. results/where-credit-pays")
+    parser.add_argument("--protocol", type=Path, help="its protocol.json (default: STUDY/protocol.json)")
+    parser.add_argument("--json", type=Path, help="also write the ledger and the totals here")
+    args = parser.parse_args(argv)
+    if not args.study.is_dir():
+        print(f"error: {args.study} is not a folder; pass the study's results folder, e.g. results/where-credit-pays",
+              file=sys.stderr)
+        return 2
+    protocol_path = args.protocol or args.study / "protocol.json"
+    protocol = json.loads(protocol_path.read_text()) if protocol_path.is_file() else {}
+    entries = ledger(args.study)
+    sums = totals(entries, protocol)
+    print(markdown(entries, sums), end="")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"runs": [asdict(e) for e in entries], "totals": sums}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
