@@ -1,6 +1,6 @@
 """Copy a study's finished runs from the tree that runs it into another tree, to be committed as they finish.
 
-    python scripts/keep_finished_runs.py /work/wt-study/results/where-credit-pays/A results/where-credit-pays/A
+    python scripts/keep_finished_runs.py <worktree>/results/where-credit-pays/A results/where-credit-pays/A
 
 Why: a study's drivers run for days from worktrees pinned at the registration's commit, and the
 machine under them can be replaced between working sessions. Run folders kept only in those trees are
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.src.is_dir():
         print(f"error: {args.src} is not a folder; pass a setting's results folder, e.g. "
-              "/work/wt-study/results/where-credit-pays/A", file=sys.stderr)
+              "<worktree>/results/where-credit-pays/A", file=sys.stderr)
         return 2
     copied, replaced, conflicts = copy_kept(args.src, args.dst)
     runs = run_folders(args.src)
