@@ -91,13 +91,14 @@ def train_command(python: str, out: Path, method: str, lr: float, seed: int, ove
 
 
 def run_cells(cells: dict[str, list[str]], jobs: int, log_dir: Path) -> list[str]:
-    """Run every cell's command (``jobs`` at a time), each logging to ``log_dir/<cell>.log``; the
-    cells whose command failed."""
+    """Run every cell's command (``jobs`` at a time), each appending to ``log_dir/<cell>.log``; the
+    cells whose command failed. A rerun appends: a resumed cell's log keeps the lines of its first
+    attempt, and a finished cell's keeps its training under the rerun's "up to date" line."""
     log_dir.mkdir(parents=True, exist_ok=True)
 
     def one(name: str) -> int:
         print(" ".join(cells[name]), flush=True)
-        with open(log_dir / f"{name}.log", "w") as log:
+        with open(log_dir / f"{name}.log", "a") as log:
             return subprocess.run(cells[name], stdout=log, stderr=subprocess.STDOUT).returncode
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -106,3 +106,12 @@ def test_a_tiny_sweep_picks_each_methods_rate_from_its_runs_and_resumes(sweep, t
     assert "up to date" in logs["grpo-lr1e-06-seed100"] and "up to date" not in logs["rloo-lr0.001-seed100"]
     assert json.loads((out / "lr_sweep.json").read_text())["runs"] == evidence["runs"]
     assert os.path.isfile(lost / "train" / "summary.json")
+
+
+def test_a_rerun_appends_to_each_cells_log_so_its_first_attempt_stays(sweep, tmp_path):
+    # A sweep rerun after an interruption runs every cell again: a finished cell prints "up to date",
+    # a resumed one its remaining steps. Opening the log for writing erased the first attempt's lines.
+    cells = {"grpo-lr1e-05-seed100": [sys.executable, "-c", "print('attempt')"]}
+    assert sweep.run_cells(cells, 1, tmp_path / "logs") == []
+    assert sweep.run_cells(cells, 1, tmp_path / "logs") == []
+    assert (tmp_path / "logs" / "grpo-lr1e-05-seed100.log").read_text() == "attempt\nattempt\n"
