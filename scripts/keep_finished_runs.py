@@ -18,7 +18,10 @@ What is copied, from SRC to the same relative path under DST:
 Unfinished runs and their logs are left alone, and a file already at DST with the same bytes is
 skipped. A run's file at DST with other bytes is an error and is not overwritten (a finished run never
 changes); a record outside the runs with other bytes is replaced by SRC's and listed (``failed_runs.txt``
-grows as runs fail). Nothing is read from a run
+grows as runs fail). A sweep log is a history that only grows: SRC's replaces DST's when it begins with
+DST's bytes, and otherwise DST's is kept and listed, because a sweep rerun at a commit before
+``scripts/lr_sweep.py`` appended to its logs rewrote a finished run's log to the one line "up to date".
+Nothing is read from a run
 but its manifest's status: copying is not looking. The same command with SRC and DST swapped puts
 the committed runs back into a fresh worktree, where the driver then skips them.
 """
@@ -73,24 +76,28 @@ def files_to_keep(root: Path) -> list[Path]:
     return keep
 
 
-def copy_kept(src: Path, dst: Path) -> tuple[list[Path], list[Path], list[Path]]:
-    """Copy ``files_to_keep(src)`` into ``dst``: (copied, replaced records, conflicting run files), relative paths."""
+def copy_kept(src: Path, dst: Path) -> tuple[list[Path], list[Path], list[Path], list[Path]]:
+    """Copy ``files_to_keep(src)`` into ``dst``: (copied, replaced records and grown logs, conflicting run
+    files, logs kept at ``dst`` because ``src``'s was rewritten), relative paths."""
     runs = run_folders(src)
-    copied, replaced, conflicts = [], [], []
+    copied, replaced, conflicts, kept_logs = [], [], [], []
     for rel in files_to_keep(src):
         target = dst / rel
         if target.exists():
             if filecmp.cmp(src / rel, target, shallow=False):
                 continue
-            if any(rel.is_relative_to(run) for run in runs) or rel.parent.name == "logs":
+            if any(rel.is_relative_to(run) for run in runs):
                 conflicts.append(rel)
+                continue
+            if rel.parent.name == "logs" and not (src / rel).read_bytes().startswith(target.read_bytes()):
+                kept_logs.append(rel)
                 continue
             replaced.append(rel)
         else:
             copied.append(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / rel, target)
-    return copied, replaced, conflicts
+    return copied, replaced, conflicts, kept_logs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.src} is not a folder; pass a setting's results folder, e.g. "
               "<worktree>/results/where-credit-pays/A", file=sys.stderr)
         return 2
-    copied, replaced, conflicts = copy_kept(args.src, args.dst)
+    copied, replaced, conflicts, kept_logs = copy_kept(args.src, args.dst)
     runs = run_folders(args.src)
     print(f"{args.src} -> {args.dst}: {sum(runs.values())} finished runs of {len(runs)}, "
           f"{len(copied)} files copied, {len(replaced)} records replaced, {len(conflicts)} conflicting")
     for rel in replaced:
         print(f"replaced {args.dst / rel} by the newer {args.src / rel}")
+    for rel in kept_logs:
+        print(f"kept {args.dst / rel}: {args.src / rel} does not begin with it (a sweep rerun rewrote it)")
     for rel in conflicts:
         print(f"error: {args.dst / rel} differs from {args.src / rel}; not overwritten (compare the two "
               "and remove the wrong one)", file=sys.stderr)

@@ -82,8 +82,8 @@ def test_a_run_that_finishes_later_is_copied_on_the_next_pass(tmp_path):
     keep.copy_kept(src, dst)
     manifest = src / "sweep/grpo/grpo-lr3e-05-seed100/train/manifest.json"
     manifest.write_text(json.dumps({"status": "complete"}))
-    copied, replaced, conflicts = keep.copy_kept(src, dst)
-    assert replaced == conflicts == []
+    copied, replaced, conflicts, kept_logs = keep.copy_kept(src, dst)
+    assert replaced == conflicts == kept_logs == []
     assert {str(p) for p in copied} == {
         "sweep/grpo/grpo-lr3e-05-seed100/train/manifest.json",
         "sweep/grpo/grpo-lr3e-05-seed100/train/metrics.parquet",
@@ -95,3 +95,21 @@ def test_a_run_that_finishes_later_is_copied_on_the_next_pass(tmp_path):
 def test_a_missing_source_is_one_clear_line(tmp_path, capsys):
     assert keep.main([str(tmp_path / "nope"), str(tmp_path / "dst")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_sweep_log_that_grew_is_replaced_and_one_a_rerun_rewrote_is_kept(tmp_path, capsys):
+    # A sweep rerun at the study's pinned commit rewrote a finished run's log to one "up to date" line;
+    # the copy kept at the first pass is the whole history, so it stays. A log that only grew replaces it.
+    src, dst = _study(tmp_path / "src"), tmp_path / "dst"
+    keep.main([str(src), str(dst)])
+    src_log, dst_log = (root / "sweep/grpo/logs/grpo-lr1e-05-seed100.log" for root in (src, dst))
+    src_log.write_text("up to date; skipping\n")
+    capsys.readouterr()
+    assert keep.main([str(src), str(dst)]) == 0
+    assert dst_log.read_text() == "done\n"
+    assert "kept " in capsys.readouterr().out
+
+    src_log.write_text("done\nup to date; skipping\n")
+    assert keep.main([str(src), str(dst)]) == 0
+    assert dst_log.read_text() == "done\nup to date; skipping\n"
+    assert "1 records replaced" in capsys.readouterr().out
