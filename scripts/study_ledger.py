@@ -6,7 +6,10 @@
 A run is a folder holding ``train/manifest.json`` (its ``rollouts/`` are parts of it, not runs). For
 each: the setting, the block (``sweep/<arm>`` or ``runs``), its status, the commit it ran at, when it
 started and finished, and from ``train/summary.json`` its ``seconds`` (wall) and ``cpu_seconds``
-(both summed over a resumed run's attempts). Then, per setting, the totals in core-hours beside the
+(both summed over a resumed run's attempts), and how many attempts it took (1 plus the restarts its
+manifest lists under ``resumed``). An attempt that was stopped counts up to its last checkpoint: the
+steps it made after that were made again by the next attempt and are in no figure, so a run's seconds
+understate the machine time it took by at most ``train.save_every`` steps per restart. Then, per setting, the totals in core-hours beside the
 budget registered in the study's ``protocol.json`` (section 1.3 of docs/studies/where-credit-pays.md
 counts a run's wall seconds as its core-hours, one thread each; CPU hours are shown beside them, and
 are the smaller figure on a shared machine).
@@ -33,6 +36,7 @@ class RunEntry:
     finished: str | None
     seconds: float | None  # wall seconds of the run (None until it finishes)
     cpu_seconds: float | None
+    attempts: int  # 1 + the restarts that resumed it from a checkpoint
 
 
 def ledger(study: Path) -> list[RunEntry]:
@@ -51,6 +55,7 @@ def ledger(study: Path) -> list[RunEntry]:
             status=manifest.get("status", "unknown"), commit=(manifest.get("git") or {}).get("sha"),
             started=manifest.get("created"), finished=manifest.get("finished"),
             seconds=summary.get("seconds"), cpu_seconds=summary.get("cpu_seconds"),
+            attempts=1 + len(manifest.get("resumed", [])),
         ))
     return entries
 
@@ -82,11 +87,12 @@ def _budget(row: dict) -> str:
 
 
 def markdown(entries: list[RunEntry], sums: list[dict]) -> str:
-    lines = ["| setting | block | run | status | commit | started (UTC) | wall s | CPU s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | block | run | status | commit | started (UTC) | attempts | wall s | CPU s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         lines.append(f"| {e.setting} | {e.block} | {e.name} | {e.status} | {(e.commit or '')[:7]} | "
-                     f"{(e.started or '')[:16].replace('T', ' ')} | {_num(e.seconds)} | {_num(e.cpu_seconds)} |")
+                     f"{(e.started or '')[:16].replace('T', ' ')} | {e.attempts} | {_num(e.seconds)} | "
+                     f"{_num(e.cpu_seconds)} |")
     lines += ["", "| setting | runs | complete | wall core-hours | CPU hours | budget (primary / total) |",
               "|---|---|---|---|---|---|"]
     for s in sums:

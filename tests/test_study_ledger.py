@@ -8,11 +8,14 @@ from repo_scripts import load_script
 study_ledger = load_script("scripts/study_ledger.py")
 
 
-def _run(study: Path, rel: str, status: str, seconds: float | None = None, cpu: float | None = None) -> None:
+def _run(study: Path, rel: str, status: str, seconds: float | None = None, cpu: float | None = None,
+         restarts: int = 0) -> None:
     train = study / rel / "train"
     train.mkdir(parents=True)
+    resumed = [{"at": "2026-12-07T04:25:58+00:00", "found": "running"}] * restarts
     (train / "manifest.json").write_text(json.dumps({
-        "status": status, "git": {"sha": "4fc0b6f" + "0" * 33}, "created": "2026-12-07T01:00:00+00:00"}))
+        "status": status, "git": {"sha": "4fc0b6f" + "0" * 33}, "created": "2026-12-07T01:00:00+00:00",
+        "resumed": resumed}))
     if seconds is not None:
         (train / "summary.json").write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "pass@1": 0.5}))
     rollout = train / "rollouts" / "step-10" / "train"  # a part of the run, never a run of its own
@@ -26,7 +29,7 @@ def _study(tmp_path: Path) -> Path:
     (study / "protocol.json").write_text(json.dumps(
         {"settings": {"A": {"cpu_budget_core_hours": {"primary": 19, "total": 36}}}}))
     _run(study, "A/sweep/grpo/grpo-lr1e-05-seed100", "complete", 1800.0, 900.0)
-    _run(study, "A/runs/grpo-lr3e-05-seed0", "complete", 3600.0, 2700.0)
+    _run(study, "A/runs/grpo-lr3e-05-seed0", "complete", 3600.0, 2700.0, restarts=2)
     _run(study, "A/runs/rredcot-lr3e-05-seed0", "running")
     _run(study, "timing/grpo", "complete", 36.0, 18.0)
     return study
@@ -34,11 +37,11 @@ def _study(tmp_path: Path) -> Path:
 
 def test_lists_every_run_once_with_its_block_status_commit_and_seconds(tmp_path):
     entries = study_ledger.ledger(_study(tmp_path))
-    assert [(e.setting, e.block, e.name, e.status, e.seconds, e.cpu_seconds) for e in entries] == [
-        ("A", "runs", "grpo-lr3e-05-seed0", "complete", 3600.0, 2700.0),
-        ("A", "runs", "rredcot-lr3e-05-seed0", "running", None, None),
-        ("A", "sweep/grpo", "grpo-lr1e-05-seed100", "complete", 1800.0, 900.0),
-        ("timing", "", "grpo", "complete", 36.0, 18.0),
+    assert [(e.setting, e.block, e.name, e.status, e.seconds, e.cpu_seconds, e.attempts) for e in entries] == [
+        ("A", "runs", "grpo-lr3e-05-seed0", "complete", 3600.0, 2700.0, 3),
+        ("A", "runs", "rredcot-lr3e-05-seed0", "running", None, None, 1),
+        ("A", "sweep/grpo", "grpo-lr1e-05-seed100", "complete", 1800.0, 900.0, 1),
+        ("timing", "", "grpo", "complete", 36.0, 18.0, 1),
     ]
     assert entries[0].commit.startswith("4fc0b6f")
 
@@ -58,7 +61,8 @@ def test_the_command_prints_both_tables_and_writes_the_json(tmp_path, capsys):
     study = _study(tmp_path)
     assert study_ledger.main([str(study), "--json", str(tmp_path / "ledger.json")]) == 0
     out = capsys.readouterr().out
-    assert "| A | runs | rredcot-lr3e-05-seed0 | running | 4fc0b6f | 2026-12-07 01:00 |  |  |" in out
+    assert "| A | runs | rredcot-lr3e-05-seed0 | running | 4fc0b6f | 2026-12-07 01:00 | 1 |  |  |" in out
+    assert "| A | runs | grpo-lr3e-05-seed0 | complete | 4fc0b6f | 2026-12-07 01:00 | 3 | 3,600 | 2,700 |" in out
     assert "| A | 3 | 2 | 1.50 | 1.00 | 19 / 36 |" in out
     written = json.loads((tmp_path / "ledger.json").read_text())
     assert len(written["runs"]) == 4 and written["totals"][0]["cpu_hours"] == 1.0
