@@ -9,10 +9,10 @@ started and finished, and from ``train/summary.json`` its ``seconds`` (wall) and
 (both summed over a resumed run's attempts), and how many attempts it took (1 plus the restarts its
 manifest lists under ``resumed``). An attempt that was stopped counts up to its last checkpoint: the
 steps it made after that were made again by the next attempt and are in no figure, so a run's seconds
-understate the machine time it took by at most ``train.save_every`` steps per restart. Then, per setting, the totals in core-hours beside the
-budget registered in the study's ``protocol.json`` (section 1.3 of docs/studies/where-credit-pays.md
-counts a run's wall seconds as its core-hours, one thread each; CPU hours are shown beside them, and
-are the smaller figure on a shared machine).
+understate the machine time it took by at most ``train.save_every`` steps per restart. Then, per
+setting, the totals in core-hours beside the budget registered in the study's ``protocol.json``
+(section 1.3 of docs/studies/where-credit-pays.md counts a run's wall seconds as its core-hours, one
+thread each; CPU hours are shown beside them, and are the smaller figure on a shared machine).
 
 Nothing but manifests and the two timing fields of each summary is read, so the ledger can be drawn
 while a study runs without an interim look at its results.
