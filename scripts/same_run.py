@@ -2,6 +2,7 @@
 that a refactor changes nothing (issue 40: same seed, same machine, same metrics and evals).
 
     python scripts/same_run.py RUN_A RUN_B
+    python scripts/same_run.py --no-weights RUN results/...  # a committed run: kept without its checkpoints
 
 Compares every Parquet artifact under train/ (metrics.parquet without its wall-clock ``seconds*``
 columns, eval.parquet, the saved rollouts), the summary's evals and counts, and every tensor of the
@@ -57,8 +58,9 @@ def _flat(state: dict, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def differences(run_a: Path, run_b: Path) -> tuple[list[str], int]:
-    """What differs between the two runs, and how many values were compared."""
+def differences(run_a: Path, run_b: Path, weights: bool = True) -> tuple[list[str], int]:
+    """What differs between the two runs, and how many values were compared (the final weights
+    too unless ``weights`` is false)."""
     a, b = Path(run_a) / "train", Path(run_b) / "train"
     found, compared = [], 0
     names_a, names_b = _artifacts(a), _artifacts(b)
@@ -77,6 +79,8 @@ def differences(run_a: Path, run_b: Path) -> tuple[list[str], int]:
     summary_a, summary_b = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     found += [f"summary.json {k}: {summary_a.get(k)} vs {summary_b.get(k)}" for k in SUMMARY_KEYS
               if summary_a.get(k) != summary_b.get(k)]
+    if not weights:
+        return found, compared
     tensors_a, tensors_b = (_tensors(d / "checkpoints" / "final") for d in (a, b))
     if tensors_a.keys() != tensors_b.keys():
         found.append(f"checkpoint tensors differ: {sorted(tensors_a.keys() ^ tensors_b.keys())}")
@@ -92,8 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_a", type=Path)
     parser.add_argument("run_b", type=Path)
+    parser.add_argument("--no-weights", action="store_true",
+                        help="compare everything but the final weights (committed runs are kept without checkpoints)")
     args = parser.parse_args(argv)
-    found, compared = differences(args.run_a, args.run_b)
+    if not args.no_weights:
+        for run in (args.run_a, args.run_b):
+            if not (run / "train" / "checkpoints" / "final" / "model.safetensors").exists():
+                print(f"error: {run} has no train/checkpoints/final/model.safetensors to compare; pass --no-weights "
+                      "to compare the rest (committed runs are kept without their checkpoints)", file=sys.stderr)
+                return 2
+    found, compared = differences(args.run_a, args.run_b, weights=not args.no_weights)
     print(f"{args.run_a} vs {args.run_b}: {compared} values compared, "
           + ("identical" if not found else f"{len(found)} differ"))
     for line in found[:20]:

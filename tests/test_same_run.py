@@ -40,3 +40,15 @@ def test_a_changed_metric_eval_row_or_weight_is_named(tmp_path, capsys):
         assert same_run.main([str(a), str(b)]) == 1
         assert name in capsys.readouterr().out
         shutil.rmtree(b)
+
+
+def test_a_run_kept_without_checkpoints_is_compared_without_its_weights(tmp_path, capsys):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", weight=1.5)
+    shutil.rmtree(a / "train" / "checkpoints")  # as committed study runs are kept
+    assert same_run.main([str(a), str(b)]) == 2
+    assert "pass --no-weights" in capsys.readouterr().err
+    assert same_run.main(["--no-weights", str(a), str(b)]) == 0  # the weights differ, but are not compared
+    assert "identical" in capsys.readouterr().out
+    c = _run(tmp_path / "c", loss=0.25)
+    assert same_run.main(["--no-weights", str(a), str(c)]) == 1
+    assert "loss" in capsys.readouterr().out

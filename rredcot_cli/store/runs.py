@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import socket
@@ -99,6 +100,23 @@ def _git_state() -> dict[str, Any]:
     status = git("status", "--porcelain", "--untracked-files=no")
     state["dirty"] = None if status is None else bool(status)
     return state
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU a stage ran on. torch picks its CPU kernels by instruction set (AVX2, AVX-512), so
+    the same seed gives the same numbers only on the same kind of CPU: the same run remade on
+    another machine drifts from its first step (docs/failure-modes.md, Determinism). GPUs are not
+    named: asking would initialise CUDA before vLLM forks its workers."""
+    import torch  # every stage has it loaded already; here so that importing the store costs nothing
+
+    cpu = None
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), None)
+    except OSError:  # not Linux
+        pass
+    return {"cpu": cpu or platform.processor() or None, "cpu_count": os.cpu_count(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _versions() -> dict[str, str | None]:
@@ -375,11 +393,14 @@ def begin_stage(
         "seed": int(cfg.seed),
         "inputs": input_records,
         "hostname": socket.gethostname(),
+        "machine": _machine(),
         "command": list(sys.argv),
     }
     if continuing:
         manifest["created"] = old.get("created", manifest["created"])
+        manifest["machine"] = old.get("machine")  # the first attempt's; None where it was not recorded
         manifest["resumed"] = [*old.get("resumed", []), {"at": _now(), "command": list(sys.argv),
+                                                          "machine": _machine(),
                                                           # not "status": job scripts grep for that key
                                                           "found": old.get("status")}]
     _write_manifest(folder, manifest)

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from rredcot_cli.errors import ArtifactError, RunError
 from rredcot_cli.rng import derive_seed
+from rredcot_cli.store import runs
 from rredcot_cli.store.runs import begin_stage, find_input, sha256_file
 
 KEYS = ["seed", "sampling"]
@@ -52,6 +53,9 @@ def test_manifest_config_and_overrides(tmp_path, monkeypatch):
     assert manifest["command"] == ["rredcot", "sample", "x=1"] and manifest["hostname"]
     assert set(manifest["versions"]) == {"python", "rredcot", "torch", "transformers", "vllm"}
     assert manifest["versions"]["rredcot"]
+    # the CPU, because the same seed gives the same numbers only on the same kind of CPU
+    assert set(manifest["machine"]) == {"cpu", "cpu_count", "torch_cpu_capability"}
+    assert manifest["machine"]["cpu_count"] >= 1 and manifest["machine"]["torch_cpu_capability"]
     assert set(manifest["git"]) == {"sha", "dirty"} and "created" in manifest
     assert OmegaConf.load(out.dir / "config.yaml").sampling.n == 8
     assert OmegaConf.to_container(OmegaConf.load(out.dir / "overrides.yaml")) == ["x=1"]
@@ -77,14 +81,18 @@ def test_unfinished_attempt_is_redone_saying_so(tmp_path, capsys):
                                        "config (status 'running'); starting it over\n")
 
 
-def test_unfinished_attempt_of_a_stage_that_resumes_is_continued(tmp_path, capsys):
+def test_unfinished_attempt_of_a_stage_that_resumes_is_continued(tmp_path, capsys, monkeypatch):
     first = start(make_cfg(tmp_path), stage="train")
     first.stopped("preempted", step=4)
+    monkeypatch.setattr(runs, "_machine", lambda: {"cpu": "another CPU"})  # resumed elsewhere
     # train.resume's default (None) and true continue it; the train stage says from which step.
     again = begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=None)
     assert again.continuing and capsys.readouterr().err == ""
     manifest = json.loads((again.dir / "manifest.json").read_text())
     assert manifest["created"] == first.manifest["created"] and manifest["resumed"][0]["found"] == "preempted"
+    # each attempt's machine: the first one's stays on top, a resume's goes with it
+    assert manifest["machine"] == first.manifest["machine"] != {"cpu": "another CPU"}
+    assert manifest["resumed"][0]["machine"] == {"cpu": "another CPU"}
     # train.resume=false starts over, saying so.
     assert not begin_stage(make_cfg(tmp_path), "train", [], {}, KEYS, resume=False).continuing
     assert "found an unfinished train attempt with the same config (status 'running'); starting it over" in \
