@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-weights", action="store_true",
                         help="compare everything but the final weights (committed runs are kept without checkpoints)")
     args = parser.parse_args(argv)
+    for run in (args.run_a, args.run_b):
+        if not (run / "train" / "summary.json").exists():
+            print(f"error: {run} is not a finished run folder (no train/summary.json)", file=sys.stderr)
+            return 2
     if not args.no_weights:
         for run in (args.run_a, args.run_b):
             if not (run / "train" / "checkpoints" / "final" / "model.safetensors").exists():

@@ -52,3 +52,9 @@ def test_a_run_kept_without_checkpoints_is_compared_without_its_weights(tmp_path
     c = _run(tmp_path / "c", loss=0.25)
     assert same_run.main(["--no-weights", str(a), str(c)]) == 1
     assert "loss" in capsys.readouterr().out
+
+
+def test_a_folder_that_is_no_finished_run_is_one_line(tmp_path, capsys):
+    a = _run(tmp_path / "a")
+    assert same_run.main([str(a), str(tmp_path / "typo")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'typo'} is not a finished run folder (no train/summary.json)\n"
