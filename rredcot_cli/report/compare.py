@@ -16,6 +16,8 @@ Student-t intervals (``rredcot_cli.metrics.mean_ci``):
   only when both arms ran the same code: a group whose pairs cross commits (the manifests' git
   sha differs, or one is not recorded) is left out of the paired section, named in
   ``Report.refused``, unless ``allow_mixed_commits`` keeps it, flagged (``PairedRow.cross_commit``).
+  Pairs whose arms ran on different CPUs are kept and named (``PairedRow.cross_machine``): runs are
+  bit-identical only on one kind of CPU, so such a pair shares the design, not the numbers.
 
 ``build_report(paths)`` loads, labels (``assign_labels``), groups (``summarize_group``) and
 aggregates into a ``Report`` (``Stat``, ``GroupSummary``, ``PairedRow``). The files are written by
@@ -120,6 +122,8 @@ class PairedRow:
     tokens_to_target: Stat | None
     # (seed, this group's commit, the baseline's) of every pair not on one known commit
     cross_commit: list[tuple[int, str | None, str | None]] = field(default_factory=list)
+    # (seed, this group's CPUs, the baseline's) of every pair whose recorded CPUs differ
+    cross_machine: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
 
 
 
@@ -303,7 +307,10 @@ def paired_summary(groups: Sequence[GroupSummary], baseline: str) -> list[Paired
             steps_to_target=Stat.of(steps) if steps else None,
             tokens_to_target=Stat.of(tokens) if len(tokens) == len(steps) and tokens else None,
             cross_commit=[] if g is base else [(s, mine[s].commit, by_seed[s].commit) for s in seeds
-                                               if mine[s].commit is None or mine[s].commit != by_seed[s].commit]))
+                                               if mine[s].commit is None or mine[s].commit != by_seed[s].commit],
+            cross_machine=[] if g is base else [(s, mine[s].machines, by_seed[s].machines) for s in seeds
+                                                if mine[s].machines and by_seed[s].machines
+                                                and len(set(mine[s].machines) | set(by_seed[s].machines)) > 1]))
     return out
 
 

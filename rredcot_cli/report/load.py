@@ -62,6 +62,8 @@ class RunResult:
     label: str = ""
     commit: str | None = None  # the git sha its manifest records (None: not recorded, so unknown)
     dirty: bool | None = None  # whether that checkout had uncommitted changes (None: unknown)
+    # the CPU of each attempt, in order, without repeats ("AMD EPYC (AVX512)"); empty: not recorded
+    machines: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- loading
@@ -138,11 +140,22 @@ def load_run(path: str | Path) -> RunResult:
         seed=int(config.get("seed", 0)), config=config, summary=summary, curve=curve, by_length=by_length,
         tokens_at=tokens_at, advantage_std=_mean_or_none([row.get("advantage_std") for row in metrics]),
     )
-    git = (run_files.read_manifest(train) or {}).get("git") or {}
+    manifest = run_files.read_manifest(train) or {}
+    git = manifest.get("git") or {}
     result.commit, result.dirty = git.get("sha"), git.get("dirty")
+    result.machines = _machines(manifest)
     result.credit_quality = _credit_quality_tables(run_dir)
     result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
     return result
+
+
+def _machines(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The CPUs a train stage's attempts ran on (its manifest's ``machine`` and each resumed
+    attempt's), as ``cpu (capability)``, without repeats; attempts that recorded none are left out."""
+    records = [manifest.get("machine"), *(attempt.get("machine") for attempt in manifest.get("resumed") or [])]
+    labels = [f"{m.get('cpu') or 'unknown CPU'} ({m.get('torch_cpu_capability') or 'unknown'})"
+              for m in records if m]
+    return tuple(dict.fromkeys(labels))
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:

@@ -101,10 +101,12 @@ def render_markdown(report: Report) -> str:
     parts += ["## Credit quality", _credit_quality_markdown(report)]
     parts += ["## Cost", _cost_markdown(report)]
     parts += ["## Runs", _md_table(
-        ["run dir", "group", "seed", "steps", "pass@1 before", "pass@1 after", "wall s", "generated tokens", "commit"],
+        ["run dir", "group", "seed", "steps", "pass@1 before", "pass@1 after", "wall s", "generated tokens", "commit",
+         "machine"],
         [[str(r.path), r.label, r.seed, r.summary.get("steps", ""), f"{r.summary['eval_before']['pass@1']:.3f}",
           f"{r.summary['eval_after']['pass@1']:.3f}", f"{float(r.summary.get('seconds', math.nan)):.0f}",
-          r.summary.get("generated_tokens", ""), short_commit(r.commit) + (" (dirty)" if r.dirty else "")]
+          r.summary.get("generated_tokens", ""), short_commit(r.commit) + (" (dirty)" if r.dirty else ""),
+          machines_text(r.machines)]
          for g in report.groups for r in g.runs])]
     if report.skipped:
         parts.append(f"Left out (`--skip-unfinished`; their train stage did not finish): "
@@ -149,7 +151,22 @@ def _paired_markdown(report: Report) -> str:
         f"The {report.baseline} row is the baseline measured against its own mean.",
         *[_mixed_commits_note(row, report.baseline, refused=False) for row in report.paired if row.cross_commit],
         *[_mixed_commits_note(row, report.baseline, refused=True) for row in report.refused],
+        *[_machines_note(row, report.baseline) for row in report.paired if row.cross_machine],
     ])
+
+
+def machines_text(machines: tuple[str, ...]) -> str:
+    """A run's CPUs as the tables write them: one, ``A, then B`` for a run resumed elsewhere, or ``unknown``."""
+    return ", then ".join(machines) or "unknown"
+
+
+def _machines_note(row: PairedRow, baseline: str) -> str:
+    pairs = "; ".join(f"seed {seed}: {machines_text(mine)} vs {machines_text(base)}"
+                      for seed, mine, base in row.cross_machine)
+    return (f"**Machines:** {row.label} vs {baseline}: {len(row.cross_machine)} of {len(row.seeds)} pairs ran on "
+            f"different CPUs ({pairs}). A run is bit-identical only on one kind of CPU "
+            "(docs/failure-modes.md, Determinism), so these pairs share the design (model, problems, their order, "
+            "the eval set), not their numbers: their differences stay unbiased, the pairing may remove less noise.")
 
 
 def mixed_commits_line(row: PairedRow, baseline: str, refused: bool) -> str:

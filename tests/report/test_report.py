@@ -56,10 +56,11 @@ COMMIT = "5be240e969eb812828f38f023c50b006ebe2d36d"  # one commit for every run 
 
 
 def write_run(run, method, seed, curve, eval_rows, summary_extra=None, config_extra=None, status="complete",
-              commit=COMMIT):
+              commit=COMMIT, machines=()):
     """A finished train stage: curve maps step -> held-out pass@1 (0 = before training);
     eval_rows are (steps, correct) pairs of the final eval, one sample each, two samples per problem;
-    ``commit``: the git sha its manifest records (None: not recorded)."""
+    ``commit``: the git sha its manifest records (None: not recorded); ``machines``: the manifest's
+    ``machine`` records, the first attempt's then each resumed one's (none: not recorded)."""
     train = Path(run) / "train"
     train.mkdir(parents=True)
     steps = max(curve)
@@ -70,8 +71,10 @@ def write_run(run, method, seed, curve, eval_rows, summary_extra=None, config_ex
         group, key = dotted.split(".")
         config[group][key] = value
     (train / "config.yaml").write_text(yaml.safe_dump(config))
-    (train / "manifest.json").write_text(json.dumps({"stage": "train", "status": status,
-                                                     "git": {"sha": commit, "dirty": False if commit else None}}))
+    manifest = {"stage": "train", "status": status, "git": {"sha": commit, "dirty": False if commit else None}}
+    if machines:
+        manifest |= {"machine": machines[0], "resumed": [{"found": "preempted", "machine": m} for m in machines[1:]]}
+    (train / "manifest.json").write_text(json.dumps(manifest))
     artifacts.write_artifact("train_metrics", [
         {"step": s, "reward_mean": 0.5, "accuracy": 0.5, "loss": 0.0, "kl": 0.0, "entropy": 1.0, "clip_fraction": 0.0,
          "grad_norm": 1.0, "lr": 1e-5, "response_tokens_mean": 10.0, "tokens": 10 * s, "seconds": 1.0,
@@ -271,6 +274,31 @@ def test_allow_mixed_commits_keeps_the_pairs_flagged(tmp_path):
     assert "| rredcot ⚠ MIXED COMMITS | 0, 1 | +0.150" in md
     assert "| rloo ⚠ MIXED COMMITS | 0 | -0.100" in md
     assert "**⚠ Mixed commits:** rredcot vs grpo" in md
+
+
+def test_pairs_across_machines_are_kept_and_named(tmp_path):
+    x = {"cpu": "Intel Xeon", "cpu_count": 2, "torch_cpu_capability": "AVX2"}
+    y = {"cpu": "AMD EPYC", "cpu_count": 2, "torch_cpu_capability": "AVX512"}
+    runs = [write_run(tmp_path / "g0", "grpo", 0, {0: 0.4, 2: 0.6}, EVAL_ROWS, machines=[x]),
+            write_run(tmp_path / "g1", "grpo", 1, {0: 0.4, 2: 0.6}, EVAL_ROWS, machines=[x]),
+            write_run(tmp_path / "g2", "grpo", 2, {0: 0.4, 2: 0.6}, EVAL_ROWS, machines=[x]),
+            write_run(tmp_path / "r0", "rredcot", 0, {0: 0.4, 2: 0.8}, EVAL_ROWS, machines=[y]),
+            write_run(tmp_path / "r1", "rredcot", 1, {0: 0.4, 2: 0.7}, EVAL_ROWS, machines=[x, y, x]),
+            write_run(tmp_path / "r2", "rredcot", 2, {0: 0.4, 2: 0.7}, EVAL_ROWS, machines=[x, x]),
+            write_run(tmp_path / "l0", "rloo", 0, {0: 0.4, 2: 0.5}, EVAL_ROWS)]  # no machine recorded
+    report = build_report(runs)
+    assert not report.refused  # the same commit: kept, whatever the CPUs
+    crossed = {row.label: row.cross_machine for row in report.paired}
+    assert crossed == {"grpo": [], "rloo": [],  # unknown is not "different"
+                       "rredcot": [(0, ("AMD EPYC (AVX512)",), ("Intel Xeon (AVX2)",)),
+                                   (1, ("Intel Xeon (AVX2)", "AMD EPYC (AVX512)"), ("Intel Xeon (AVX2)",))]}
+    out = tmp_path / "out"
+    assert invoke("report", *runs, "--out", out).exit_code == 0
+    md = (out / "report.md").read_text()
+    assert ("**Machines:** rredcot vs grpo: 2 of 3 pairs ran on different CPUs (seed 0: AMD EPYC (AVX512) vs "
+            "Intel Xeon (AVX2); seed 1: Intel Xeon (AVX2), then AMD EPYC (AVX512) vs Intel Xeon (AVX2)).") in md
+    assert "| b0dd4db" not in md and "| 5be240e | Intel Xeon (AVX2), then AMD EPYC (AVX512) |" in md
+    assert "| 5be240e | unknown |" in md and "rloo vs grpo: " not in md
 
 
 def test_pairs_on_one_commit_are_not_flagged(tmp_path):
