@@ -1,5 +1,5 @@
 """Paired differences in final held-out pass@1 between methods, over seeds and over several study
-folders pooled (each pair within one folder: same seed, same machine), with 95% Student-t intervals.
+folders pooled (each pair within one folder, same seed), with 95% Student-t intervals.
 
     python bench/paired_seeds.py results/real-model/runs results/real-model-h200/runs \
         --methods rredcot rloo --baseline grpo --out pooled.json
@@ -10,7 +10,10 @@ and the baseline finished there. `rredcot report` pairs the runs of one folder; 
 
 A pair is a common-random-number pair only when both runs ran the same code: a pair whose manifests
 (`train/manifest.json`, `git.sha`) name different commits, or none, is refused in one line (exit
-status 2) unless `--allow-mixed-commits`, which keeps it and lists it under `mixed_commits`.
+status 2) unless `--allow-mixed-commits`, which keeps it and lists it under `mixed_commits`. A pair
+whose runs ran on different CPUs (the manifests' `machine`, where recorded) is kept, said in a note
+and listed under `cross_machine`: runs are bit-identical only on one kind of CPU
+(docs/failure-modes.md, Determinism), so such a pair shares the design, not the numbers.
 
 Endpoints (`--endpoint`): `final`, the last held-out pass@1 (`eval_after`); `mean-eval`, the mean
 of the held-out pass@1 evals after training began (every `train.eval_every` steps and the last one,
@@ -44,6 +47,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rredcot_cli.metrics import mean_ci, t_quantile, t_upper_tail
+from rredcot_cli.report.load import machines_of
 
 RUN = re.compile(r"^(?P<method>.+?)-lr.+-seed(?P<seed>\d+)$")
 EXACT_FLIPS_UP_TO = 20  # 2^20 = 1,048,576 sign vectors: seconds with numpy
@@ -95,16 +99,33 @@ def mean_eval_pass1(folder: Path) -> dict[tuple[str, int], float]:
 ENDPOINTS = {"final": final_pass1, "mean-eval": mean_eval_pass1}
 
 
-def commits(folder: Path) -> dict[tuple[str, int], str | None]:
-    """The git sha each run's train manifest records (None: not recorded, or no manifest)."""
+def manifests(folder: Path) -> dict[tuple[str, int], dict]:
+    """Each finished run's train manifest ({} where there is none)."""
     out = {}
     for summary in sorted(folder.glob("*/train/summary.json")):
         match = RUN.match(summary.parent.parent.name)
         manifest = summary.parent / "manifest.json"
         if match:
-            git = (json.loads(manifest.read_text()).get("git") or {}) if manifest.is_file() else {}
-            out[(match["method"], int(match["seed"]))] = git.get("sha")
+            out[(match["method"], int(match["seed"]))] = json.loads(manifest.read_text()) if manifest.is_file() else {}
     return out
+
+
+def commits(folder: Path) -> dict[tuple[str, int], str | None]:
+    """The git sha each run's train manifest records (None: not recorded, or no manifest)."""
+    return {run: (manifest.get("git") or {}).get("sha") for run, manifest in manifests(folder).items()}
+
+
+def machines(folder: Path) -> dict[tuple[str, int], tuple[str, ...]]:
+    """The CPUs each run's attempts ran on, as ``cpu (capability)`` without repeats (empty: not recorded)."""
+    return {run: machines_of(manifest) for run, manifest in manifests(folder).items()}
+
+
+def cross_machine_pairs(folder: Path, method: str, baseline: str, seeds) -> list[dict]:
+    """The pairs of ``seeds`` whose two runs recorded their CPUs and did not all run on one."""
+    cpus = machines(folder)
+    return [{"seed": s, method: ", then ".join(cpus[(method, s)]), baseline: ", then ".join(cpus[(baseline, s)])}
+            for s in sorted(seeds)
+            if cpus[(method, s)] and cpus[(baseline, s)] and len(set(cpus[(method, s)]) | set(cpus[(baseline, s)])) > 1]
 
 
 def mixed_commit_pairs(folder: Path, method: str, baseline: str, seeds) -> list[dict]:
@@ -207,9 +228,15 @@ def main(argv: list[str] | None = None) -> dict:
                       f"({shown}), so they are not common-random-number pairs; rerun both arms at one commit, or "
                       "pass --allow-mixed-commits to keep them (listed under mixed_commits)", file=sys.stderr)
                 raise SystemExit(2)
+            crossed = cross_machine_pairs(Path(folder), method, args.baseline, diffs)
+            if crossed:
+                print(f"note: {folder}: {method} vs {args.baseline}: {len(crossed)} of {len(diffs)} pairs ran on "
+                      "different CPUs (listed under cross_machine); kept: unbiased, but not bit-identical pairs",
+                      file=sys.stderr)
             per_folder[folder] = {"diffs": {s: round(d, 4) for s, d in sorted(diffs.items())},
                                   **(interval(list(diffs.values())) if len(diffs) > 1 else {"pairs": len(diffs)}),
-                                  **({"mixed_commits": mixed} if mixed else {})}
+                                  **({"mixed_commits": mixed} if mixed else {}),
+                                  **({"cross_machine": crossed} if crossed else {})}
             pooled += list(diffs.values())
         report["methods"][method] = {"folders": per_folder, "pooled": tests(pooled, args.margin)}
     line = json.dumps(report)

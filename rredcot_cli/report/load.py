@@ -143,13 +143,13 @@ def load_run(path: str | Path) -> RunResult:
     manifest = run_files.read_manifest(train) or {}
     git = manifest.get("git") or {}
     result.commit, result.dirty = git.get("sha"), git.get("dirty")
-    result.machines = _machines(manifest)
+    result.machines = machines_of(manifest)
     result.credit_quality = _credit_quality_tables(run_dir)
     result.attribute_seconds, result.sample_seconds = _stage_costs(run_dir)
     return result
 
 
-def _machines(manifest: dict[str, Any]) -> tuple[str, ...]:
+def machines_of(manifest: dict[str, Any]) -> tuple[str, ...]:
     """The CPUs a train stage's attempts ran on (its manifest's ``machine`` and each resumed
     attempt's), as ``cpu (capability)``, without repeats; attempts that recorded none are left out."""
     records = [manifest.get("machine"), *(attempt.get("machine") for attempt in manifest.get("resumed") or [])]

@@ -17,15 +17,19 @@ def paired():
 COMMIT = "fd4b0cfa74f6cfa0f17f1c46831fbbbbd9559188"
 
 
-def _study(root, finals: dict, commits: dict | None = None) -> str:
+def _study(root, finals: dict, commits: dict | None = None, machines: dict | None = None) -> str:
     """Run folders with final pass@1 ``finals[(method, seed)]``, on ``COMMIT`` unless ``commits``
-    names another sha (None: no sha recorded)."""
+    names another sha (None: no sha recorded); ``machines[(method, seed)]``: the manifest's machine
+    records, the first attempt's then each resumed one's (none: not recorded)."""
     for (method, seed), pass1 in finals.items():
         train = root / f"{method}-lr1e-5-seed{seed}" / "train"
         train.mkdir(parents=True)
         (train / "summary.json").write_text(json.dumps({"eval_after": {"pass@1": pass1}}))
         sha = (commits or {}).get((method, seed), COMMIT)
-        (train / "manifest.json").write_text(json.dumps({"stage": "train", "git": {"sha": sha, "dirty": False}}))
+        manifest = {"stage": "train", "git": {"sha": sha, "dirty": False}}
+        if records := (machines or {}).get((method, seed)):
+            manifest |= {"machine": records[0], "resumed": [{"machine": m} for m in records[1:]]}
+        (train / "manifest.json").write_text(json.dumps(manifest))
     return str(root)
 
 
@@ -62,6 +66,24 @@ def test_pairs_across_commits_are_refused_unless_allowed(paired, tmp_path, capsy
     assert report["diffs"] == {0: 0.1, 1: -0.1}
     assert report["mixed_commits"] == [{"seed": 0, "x": "b0dd4db", "grpo": "fd4b0cf"},
                                        {"seed": 1, "x": "unknown", "grpo": "fd4b0cf"}]
+
+
+def test_pairs_across_machines_are_kept_and_listed(paired, tmp_path, capsys):
+    x = {"cpu": "Intel Xeon", "torch_cpu_capability": "AVX2"}
+    y = {"cpu": "AMD EPYC", "torch_cpu_capability": "AVX512"}
+    a = _study(tmp_path / "a", {("grpo", s): 0.5 for s in range(4)} | {("x", s): 0.6 for s in range(4)},
+               machines={("grpo", 0): [x], ("x", 0): [y],         # across
+                         ("grpo", 1): [x], ("x", 1): [x, y],      # resumed elsewhere
+                         ("grpo", 2): [x], ("x", 2): [x, x],      # one CPU
+                         ("grpo", 3): [x]})                       # x's CPU not recorded: not named
+    report = paired.main([a, "--methods", "x"])["methods"]["x"]["folders"][a]
+    assert report["pairs"] == 4  # kept
+    assert report["cross_machine"] == [{"seed": 0, "x": "AMD EPYC (AVX512)", "grpo": "Intel Xeon (AVX2)"},
+                                       {"seed": 1, "x": "Intel Xeon (AVX2), then AMD EPYC (AVX512)",
+                                        "grpo": "Intel Xeon (AVX2)"}]
+    assert capsys.readouterr().err.strip() == (
+        f"note: {a}: x vs grpo: 2 of 4 pairs ran on different CPUs (listed under cross_machine); kept: unbiased, "
+        "but not bit-identical pairs")
 
 
 def _curves(root, curves: dict) -> str:
