@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rredcot_cli.metrics import mean_ci, t_quantile, t_upper_tail
-from rredcot_cli.report.load import machines_of
+from rredcot_cli.report.load import machines_of, machines_text, on_different_cpus
 
 RUN = re.compile(r"^(?P<method>.+?)-lr.+-seed(?P<seed>\d+)$")
 EXACT_FLIPS_UP_TO = 20  # 2^20 = 1,048,576 sign vectors: seconds with numpy
@@ -123,9 +123,8 @@ def machines(folder: Path) -> dict[tuple[str, int], tuple[str, ...]]:
 def cross_machine_pairs(folder: Path, method: str, baseline: str, seeds) -> list[dict]:
     """The pairs of ``seeds`` whose two runs recorded their CPUs and did not all run on one."""
     cpus = machines(folder)
-    return [{"seed": s, method: ", then ".join(cpus[(method, s)]), baseline: ", then ".join(cpus[(baseline, s)])}
-            for s in sorted(seeds)
-            if cpus[(method, s)] and cpus[(baseline, s)] and len(set(cpus[(method, s)]) | set(cpus[(baseline, s)])) > 1]
+    return [{"seed": s, method: machines_text(cpus[(method, s)]), baseline: machines_text(cpus[(baseline, s)])}
+            for s in sorted(seeds) if on_different_cpus(cpus[(method, s)], cpus[(baseline, s)])]
 
 
 def mixed_commit_pairs(folder: Path, method: str, baseline: str, seeds) -> list[dict]:

@@ -21,8 +21,9 @@ changes); a record outside the runs with other bytes is replaced by SRC's and li
 grows as runs fail). A sweep log is a history that only grows: SRC's replaces DST's when it begins with
 DST's bytes, and otherwise DST's is kept and listed, because a sweep rerun at a commit before
 ``scripts/lr_sweep.py`` appended to its logs rewrote a finished run's log to the one line "up to date".
-Nothing is read from a run but its manifest's status: copying is not looking. The same command with SRC and DST swapped puts
-the committed runs back into a fresh worktree, where the driver then skips them.
+Nothing is read from a run but its manifest's status: copying is not looking. The same command with
+SRC and DST swapped puts the committed runs back into a fresh worktree, where the driver then skips
+them.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from rredcot_cli.errors import RunError
 from rredcot_cli.metrics import mean_ci
-from rredcot_cli.report.load import RunResult, config_leaves, load_runs, same_value
+from rredcot_cli.report.load import RunResult, config_leaves, load_runs, on_different_cpus, same_value
 from rredcot_cli.config.schema import Config
 
 CONFIDENCE = 0.95
@@ -309,8 +309,7 @@ def paired_summary(groups: Sequence[GroupSummary], baseline: str) -> list[Paired
             cross_commit=[] if g is base else [(s, mine[s].commit, by_seed[s].commit) for s in seeds
                                                if mine[s].commit is None or mine[s].commit != by_seed[s].commit],
             cross_machine=[] if g is base else [(s, mine[s].machines, by_seed[s].machines) for s in seeds
-                                                if mine[s].machines and by_seed[s].machines
-                                                and len(set(mine[s].machines) | set(by_seed[s].machines)) > 1]))
+                                                if on_different_cpus(mine[s].machines, by_seed[s].machines)]))
     return out
 
 

@@ -158,6 +158,16 @@ def machines_of(manifest: dict[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(labels))
 
 
+def on_different_cpus(machines_a: tuple[str, ...], machines_b: tuple[str, ...]) -> bool:
+    """Whether two runs, both with recorded CPUs (``machines_of``), did not all run on one kind."""
+    return bool(machines_a and machines_b) and len(set(machines_a) | set(machines_b)) > 1
+
+
+def machines_text(machines: tuple[str, ...]) -> str:
+    """A run's CPUs as tables write them: one, ``A, then B`` for a run resumed elsewhere, or ``unknown``."""
+    return ", then ".join(machines) or "unknown"
+
+
 def _mean_or_none(values: list[float | None]) -> float | None:
     present = [float(v) for v in values if v is not None]
     return sum(present) / len(present) if present else None

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from rredcot_cli.report.compare import (CONFIDENCE, GroupSummary, PairedRow, Report, Stat, cross_commit_text,
                                         short_commit)
+from rredcot_cli.report.load import machines_text
 
 
 # --------------------------------------------------------------------------- markdown
@@ -153,11 +154,6 @@ def _paired_markdown(report: Report) -> str:
         *[_mixed_commits_note(row, report.baseline, refused=True) for row in report.refused],
         *[_machines_note(row, report.baseline) for row in report.paired if row.cross_machine],
     ])
-
-
-def machines_text(machines: tuple[str, ...]) -> str:
-    """A run's CPUs as the tables write them: one, ``A, then B`` for a run resumed elsewhere, or ``unknown``."""
-    return ", then ".join(machines) or "unknown"
 
 
 def _machines_note(row: PairedRow, baseline: str) -> str:
