@@ -107,7 +107,7 @@ def _machine() -> dict[str, Any]:
     the same seed gives the same numbers only on the same kind of CPU: the same run remade on
     another machine drifts from its first step (docs/failure-modes.md, Determinism). GPUs are not
     named: asking would initialise CUDA before vLLM forks its workers."""
-    import torch  # every stage has it loaded already; here so that importing the store costs nothing
+    import torch  # deferred: importing the store must not load torch (every stage has it loaded already)
 
     cpu = None
     try:
