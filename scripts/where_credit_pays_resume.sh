@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Puts the where-credit-pays study (issue 39) back to work after its machine was replaced: the steps of
+# results/where-credit-pays/run-log.md, "How a working session restarts the drivers", as one command.
+#
+#   scripts/where_credit_pays_resume.sh start A B-embedded   # worktrees, committed runs back, drivers, keeping loop
+#   scripts/where_credit_pays_resume.sh keep                 # the keeping loop in the foreground (start runs it in the background)
+#   ONCE=1 scripts/where_credit_pays_resume.sh keep          # one pass of it (before a working session ends)
+#   DRY_RUN=1 scripts/where_credit_pays_resume.sh start A    # print the commands instead of running them
+#
+# start, per setting: a worktree at the setting's pinned commit (the registration's code, never main's),
+# the committed finished runs copied back into it by scripts/keep_finished_runs.py (so its driver skips
+# them), and its driver, scripts/where_credit_pays.sh at that commit, started in its own session with one
+# thread, unless a driver started here still runs. Then the keeping loop, unless it runs already.
+# keep: every INTERVAL seconds, each setting's finished runs are copied from its worktree into this
+# checkout and committed (nothing is read from a run but its manifest's status), so that a replaced
+# machine loses only the runs in flight. Run from the main checkout, which must be on a branch.
+#
+# Environment: WORKTREES (default ../where-credit-pays next to this checkout: a worktree per setting,
+# and logs/ with the drivers' logs, their pid files and keep.log), PYTHON (default .venv/bin/python of
+# this checkout; made absolute, the drivers run in the worktrees), INTERVAL (default 600), ONCE (1: one
+# keeping pass), DRY_RUN (1: print only).
+set -euo pipefail
+mode=${1:?usage: where_credit_pays_resume.sh start SETTING... | keep}
+shift
+
+# The commits each setting was registered and started at (run-log.md's header names the same).
+declare -A PINNED=([A]=4fc0b6f [B-embedded]=f2afc38 [B-smollm2]=bc2bbbf)
+
+ROOT=$(git rev-parse --show-toplevel)
+cd "$ROOT"
+STUDY=results/where-credit-pays
+WORKTREES=$(realpath -m "${WORKTREES:-$ROOT/../where-credit-pays}")
+LOGS=$WORKTREES/logs
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+[[ $PYTHON == */* ]] && PYTHON=$(realpath -ms "$PYTHON")  # -s: a venv's python is a symlink out of it
+INTERVAL=${INTERVAL:-600}
+DRY_RUN=${DRY_RUN:-0}
+
+run() {  # run COMMAND...: print it (DRY_RUN=1) or run it
+  if [[ $DRY_RUN == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi
+}
+
+alive() {  # alive PIDFILE: the process it names still runs
+  [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+keep_pass() {  # one pass: every setting's finished runs copied from its worktree and committed
+  local setting source copied kept
+  for setting in "${!PINNED[@]}"; do
+    source=$WORKTREES/$setting/$STUDY/$setting
+    [[ -d $source ]] || continue
+    if [[ $DRY_RUN == 1 ]]; then
+      run nice "$PYTHON" scripts/keep_finished_runs.py "$source" "$STUDY/$setting"
+      run git commit -q -m "where-credit-pays $setting: finished runs as they finish" -- "$STUDY/$setting"
+      continue
+    fi
+    copied=$(nice "$PYTHON" scripts/keep_finished_runs.py "$source" "$STUDY/$setting" 2>&1) || true
+    echo "$(date -u +%FT%TZ) $setting: $(grep -m1 'finished runs of' <<<"$copied" || tail -n1 <<<"$copied")"
+    kept=$(grep -o '[0-9]* finished runs of' <<<"$copied" | grep -o '^[0-9]*' || echo "?")
+    git add -- "$STUDY/$setting"
+    if ! git diff --cached --quiet -- "$STUDY/$setting"; then
+      git commit -q -m "where-credit-pays $setting: finished runs as they finish ($kept kept so far; copied by scripts/keep_finished_runs.py, not read)" \
+        -- "$STUDY/$setting"
+    fi
+  done
+}
+
+case $mode in
+  keep)
+    while true; do
+      keep_pass
+      [[ ${ONCE:-0} == 1 || $DRY_RUN == 1 ]] && exit 0
+      sleep "$INTERVAL"
+    done ;;
+  start) ;;
+  *) echo "error: unknown mode '$mode'; use start SETTING... or keep" >&2; exit 2 ;;
+esac
+
+(( $# > 0 )) || { echo "error: name the settings to start, e.g. start A B-embedded (pinned: ${!PINNED[*]})" >&2; exit 2; }
+for setting in "$@"; do
+  [[ -n ${PINNED[$setting]:-} ]] || { echo "error: no pinned commit for setting '$setting'; pick from: ${!PINNED[*]}" >&2; exit 2; }
+done
+[[ -x $PYTHON || $DRY_RUN == 1 ]] || { echo "error: no Python at $PYTHON; install this checkout (README) or set PYTHON" >&2; exit 2; }
+[[ $DRY_RUN == 1 ]] || mkdir -p "$LOGS"
+
+for setting in "$@"; do
+  worktree=$WORKTREES/$setting
+  pin=${PINNED[$setting]}
+  if [[ -d $worktree ]]; then
+    head=$(git -C "$worktree" rev-parse HEAD)
+    [[ $head == "$pin"* ]] || { echo "error: $worktree is at ${head:0:7}, not $setting's pinned $pin; remove it (git worktree remove) and rerun" >&2; exit 2; }
+  else
+    run git worktree prune
+    run git worktree add --detach "$worktree" "$pin"
+  fi
+  if [[ -d $STUDY/$setting ]]; then
+    run "$PYTHON" scripts/keep_finished_runs.py "$STUDY/$setting" "$worktree/$STUDY/$setting"
+  else
+    echo "no committed runs of $setting yet: nothing to put back"
+  fi
+  if alive "$LOGS/$setting.pid"; then
+    echo "the driver of $setting already runs (pid $(cat "$LOGS/$setting.pid")); not started again"
+    continue
+  fi
+  if [[ $DRY_RUN == 1 ]]; then
+    echo "cd $(printf '%q' "$worktree") && PYTHONPATH=$(printf '%q' "$worktree") OMP_NUM_THREADS=1 MKL_NUM_THREADS=1" \
+      "RESULTS=$STUDY PYTHON=$(printf '%q' "$PYTHON") setsid nohup scripts/where_credit_pays.sh $setting >> $(printf '%q' "$LOGS/$setting.log")"
+    continue
+  fi
+  # One thread per driver (the registered runs' timings assume it); setsid so that the driver outlives
+  # this shell and a terminal hang-up. A simple command in the background, so that $! is the driver itself
+  # (setsid forks no further): `kill -- -PID` then stops the driver and its run.
+  (
+    cd "$worktree"
+    PYTHONPATH=$worktree OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 RESULTS=$STUDY PYTHON=$PYTHON \
+      setsid nohup scripts/where_credit_pays.sh "$setting" >> "$LOGS/$setting.log" 2>&1 < /dev/null &
+    echo $! > "$LOGS/$setting.pid"
+  )
+  echo "$(date -u +%FT%TZ) started the driver of $setting at $pin (pid $(cat "$LOGS/$setting.pid"), log $LOGS/$setting.log)"
+done
+
+# The machine, for the run log's entry (the same CPU kind gives the same numbers; docs/failure-modes.md).
+[[ $DRY_RUN == 1 ]] || echo "machine: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | xargs), $(nproc) cores," \
+  "torch CPU capability $("$PYTHON" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')"
+
+if alive "$LOGS/keep.pid"; then
+  echo "the keeping loop already runs (pid $(cat "$LOGS/keep.pid"))"
+elif [[ $DRY_RUN == 1 ]]; then
+  echo "setsid nohup $0 keep >> $(printf '%q' "$LOGS/keep.log")"
+else
+  (WORKTREES=$WORKTREES PYTHON=$PYTHON INTERVAL=$INTERVAL setsid nohup bash "$ROOT/scripts/where_credit_pays_resume.sh" keep \
+    >> "$LOGS/keep.log" 2>&1 < /dev/null & echo $! > "$LOGS/keep.pid")
+  echo "started the keeping loop (pid $(cat "$LOGS/keep.pid"), every $INTERVAL s, log $LOGS/keep.log)"
+fi

@@ -1,0 +1,93 @@
+"""scripts/where_credit_pays_resume.sh restarts the study's drivers at their pinned commits, with the
+committed runs put back first, and keeps finished runs; checked through its dry run (nothing is
+started, no worktree is made, nothing is committed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "where_credit_pays_resume.sh"
+RUN_LOG = ROOT / "results" / "where-credit-pays" / "run-log.md"
+
+
+def resume(*args: str, worktrees: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "WORKTREES": str(worktrees), **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=60)
+
+
+def pinned_in_script() -> dict[str, str]:
+    line = re.search(r"^declare -A PINNED=\((.*)\)$", SCRIPT.read_text(), re.M).group(1)
+    return dict(re.findall(r"\[([\w-]+)\]=(\w+)", line))
+
+
+def test_the_pins_are_the_run_logs():
+    header = re.search(r"For each setting \((.*?)\), from the main checkout", RUN_LOG.read_text(), re.S).group(1)
+    logged = dict((name, commit) for name, commit in re.findall(r"([\w-]+) at (\w+)", header))
+    assert pinned_in_script() == logged == {"A": "4fc0b6f", "B-embedded": "f2afc38", "B-smollm2": "bc2bbbf"}
+
+
+def test_start_makes_the_worktree_at_the_pin_puts_runs_back_then_starts_driver_and_keeper(tmp_path):
+    result = resume("start", "A", worktrees=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    worktree = tmp_path / "A"
+    expected_order = [
+        f"git worktree add --detach {worktree} 4fc0b6f",
+        f"scripts/keep_finished_runs.py results/where-credit-pays/A {worktree}/results/where-credit-pays/A",
+        "scripts/where_credit_pays.sh A",
+        "keep >>",
+    ]
+    positions = [next(i for i, line in enumerate(lines) if step in line) for step in expected_order]
+    assert positions == sorted(positions), result.stdout
+    driver = next(line for line in lines if "scripts/where_credit_pays.sh A" in line)
+    assert f"cd {worktree} " in driver and f"PYTHONPATH={worktree} " in driver
+    assert "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 RESULTS=results/where-credit-pays" in driver
+    assert f"PYTHON={sys.executable}" in driver and f">> {tmp_path}/logs/A.log" in driver
+    assert not worktree.exists() and not (tmp_path / "logs").exists()
+
+
+def test_committed_runs_are_put_back_only_where_there_are_some(tmp_path):
+    for setting in pinned_in_script():
+        result = resume("start", setting, worktrees=tmp_path)
+        assert result.returncode == 0, result.stderr
+        committed = (ROOT / "results" / "where-credit-pays" / setting).is_dir()
+        assert ("keep_finished_runs.py" in result.stdout) == committed, (setting, result.stdout)
+        assert f"scripts/where_credit_pays.sh {setting} >>" in result.stdout
+
+
+def test_a_worktree_at_another_commit_is_refused_in_one_line(tmp_path):
+    other = tmp_path / "B-embedded"
+    other.mkdir()
+    git = ["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "not the pin"], check=True)
+    result = resume("start", "B-embedded", worktrees=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not B-embedded's pinned f2afc38" in result.stderr
+    assert "where_credit_pays.sh" not in result.stdout
+
+
+def test_an_unknown_setting_or_none_is_one_line_naming_the_pinned_ones(tmp_path):
+    for args in (["start", "C"], ["start"], ["restart"]):
+        result = resume(*args, worktrees=tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, (args, result.stderr)
+        assert "git worktree" not in result.stdout
+    assert all(name in resume("start", "C", worktrees=tmp_path).stderr for name in pinned_in_script())
+
+
+def test_keep_copies_and_commits_only_the_settings_with_a_worktree(tmp_path):
+    (tmp_path / "B-embedded" / "results" / "where-credit-pays" / "B-embedded").mkdir(parents=True)
+    result = resume("keep", worktrees=tmp_path)
+    assert result.returncode == 0, result.stderr
+    copies = [line for line in result.stdout.splitlines() if "keep_finished_runs.py" in line]
+    assert copies == [f"nice {sys.executable} scripts/keep_finished_runs.py "
+                      f"{tmp_path}/B-embedded/results/where-credit-pays/B-embedded results/where-credit-pays/B-embedded "]
+    assert [line for line in result.stdout.splitlines() if line.startswith("git commit")] == [
+        "git commit -q -m where-credit-pays\\ B-embedded:\\ finished\\ runs\\ as\\ they\\ finish -- "
+        "results/where-credit-pays/B-embedded "]
