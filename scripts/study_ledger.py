@@ -14,11 +14,18 @@ setting, the totals in core-hours beside the budget registered in the study's ``
 (section 1.3 of docs/studies/where-credit-pays.md counts a run's wall seconds as its core-hours, one
 thread each; CPU hours are shown beside them, and are the smaller figure on a shared machine).
 
+Attempts lost with their machine (a run folder that lived only on a machine since replaced) left no
+manifest. The study's ``lost_attempts.csv``, written by hand from its run log, lists each: setting,
+block, run, its state when last seen (``complete`` or ``running``), when it began (if known), when it
+was last seen and when the loss was found, and the run-log entry that tells it. The ledger lists them
+and counts them per setting; it does not time them (their summaries were lost too).
+
 Nothing but manifests and the two timing fields of each summary is read, so the ledger can be drawn
 while a study runs without an interim look at its results.
 """
 
 import argparse
+import csv
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -37,6 +44,38 @@ class RunEntry:
     seconds: float | None  # wall seconds of the run (None until it finishes)
     cpu_seconds: float | None
     attempts: int  # 1 + the restarts that resumed it from a checkpoint
+
+
+@dataclass(frozen=True)
+class LostAttempt:
+    setting: str
+    block: str
+    run: str
+    state_when_last_seen: str  # "complete" or "running"
+    began_utc: str  # "" when not known
+    last_seen_utc: str
+    lost_by_utc: str
+    run_log_entry: str
+
+
+LOST_ATTEMPTS = "lost_attempts.csv"
+
+
+class LedgerError(ValueError):
+    """A study folder the ledger cannot read; the message names the fix."""
+
+
+def lost_attempts(study: Path) -> list[LostAttempt]:
+    """The attempts listed in ``study/lost_attempts.csv`` (none if there is no such file)."""
+    path = study / LOST_ATTEMPTS
+    if not path.is_file():
+        return []
+    expected = list(LostAttempt.__dataclass_fields__)
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames != expected:
+            raise LedgerError(f"{path} has the columns {reader.fieldnames}; its header must be {','.join(expected)}")
+        return [LostAttempt(**row) for row in reader]
 
 
 def ledger(study: Path) -> list[RunEntry]:
@@ -60,16 +99,18 @@ def ledger(study: Path) -> list[RunEntry]:
     return entries
 
 
-def totals(entries: list[RunEntry], protocol: dict) -> list[dict]:
-    """Per setting: runs by status, wall and CPU core-hours, and the registered budget."""
+def totals(entries: list[RunEntry], protocol: dict, lost: list[LostAttempt] = ()) -> list[dict]:
+    """Per setting: runs by status, attempts lost with a machine, wall and CPU core-hours, and the
+    registered budget."""
     out = []
-    for setting in sorted({e.setting for e in entries}):
+    for setting in sorted({e.setting for e in entries} | {a.setting for a in lost}):
         mine = [e for e in entries if e.setting == setting]
         budget = protocol.get("settings", {}).get(setting, {}).get("cpu_budget_core_hours", {})
         out.append({
             "setting": setting,
             "runs": len(mine),
             "complete": sum(e.status == "complete" for e in mine),
+            "lost_attempts": sum(a.setting == setting for a in lost),
             "wall_core_hours": round(sum(e.seconds or 0.0 for e in mine) / 3600, 2),
             "cpu_hours": round(sum(e.cpu_seconds or 0.0 for e in mine) / 3600, 2),
             "budget_primary": budget.get("primary"),
@@ -86,18 +127,26 @@ def _budget(row: dict) -> str:
     return "" if row["budget_primary"] is None else f"{row['budget_primary']} / {row['budget_total']}"
 
 
-def markdown(entries: list[RunEntry], sums: list[dict]) -> str:
+def markdown(entries: list[RunEntry], sums: list[dict], lost: list[LostAttempt] = ()) -> str:
     lines = ["| setting | block | run | status | commit | started (UTC) | attempts | wall s | CPU s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         lines.append(f"| {e.setting} | {e.block} | {e.name} | {e.status} | {(e.commit or '')[:7]} | "
                      f"{(e.started or '')[:16].replace('T', ' ')} | {e.attempts} | {_num(e.seconds)} | "
                      f"{_num(e.cpu_seconds)} |")
-    lines += ["", "| setting | runs | complete | wall core-hours | CPU hours | budget (primary / total) |",
-              "|---|---|---|---|---|---|"]
+    if lost:
+        lines += ["", f"Attempts lost with their machine (no manifest survived; from {LOST_ATTEMPTS}):", "",
+                  "| setting | block | run | state when last seen | began (UTC) | last seen (UTC) | lost by (UTC) |",
+                  "|---|---|---|---|---|---|---|"]
+        for a in lost:
+            lines.append(f"| {a.setting} | {a.block} | {a.run} | {a.state_when_last_seen} | "
+                         f"{a.began_utc.replace('T', ' ')} | {a.last_seen_utc.replace('T', ' ')} | "
+                         f"{a.lost_by_utc.replace('T', ' ')} |")
+    lines += ["", "| setting | runs | complete | lost attempts | wall core-hours | CPU hours | budget (primary / total) |",
+              "|---|---|---|---|---|---|---|"]
     for s in sums:
-        lines.append(f"| {s['setting']} | {s['runs']} | {s['complete']} | {s['wall_core_hours']:.2f} | "
-                     f"{s['cpu_hours']:.2f} | {_budget(s)} |")
+        lines.append(f"| {s['setting']} | {s['runs']} | {s['complete']} | {s['lost_attempts']} | "
+                     f"{s['wall_core_hours']:.2f} | {s['cpu_hours']:.2f} | {_budget(s)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -113,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     protocol_path = args.protocol or args.study / "protocol.json"
     protocol = json.loads(protocol_path.read_text()) if protocol_path.is_file() else {}
+    try:
+        lost = lost_attempts(args.study)
+    except LedgerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     entries = ledger(args.study)
-    sums = totals(entries, protocol)
-    print(markdown(entries, sums), end="")
+    sums = totals(entries, protocol, lost)
+    print(markdown(entries, sums, lost), end="")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": [asdict(e) for e in entries], "totals": sums}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"runs": [asdict(e) for e in entries], "lost_attempts": [asdict(a) for a in lost],
+                                         "totals": sums}, indent=2) + "\n")
     return 0
 
 

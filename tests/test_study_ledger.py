@@ -1,6 +1,7 @@
 """scripts/study_ledger.py lists every run of a study with its seconds, and totals them against the budget."""
 
 import json
+import re
 from pathlib import Path
 
 from repo_scripts import load_script
@@ -50,9 +51,9 @@ def test_totals_in_core_hours_beside_the_registered_budget(tmp_path):
     study = _study(tmp_path)
     sums = study_ledger.totals(study_ledger.ledger(study), json.loads((study / "protocol.json").read_text()))
     assert sums == [
-        {"setting": "A", "runs": 3, "complete": 2, "wall_core_hours": 1.5, "cpu_hours": 1.0,
+        {"setting": "A", "runs": 3, "complete": 2, "lost_attempts": 0, "wall_core_hours": 1.5, "cpu_hours": 1.0,
          "budget_primary": 19, "budget_total": 36},
-        {"setting": "timing", "runs": 1, "complete": 1, "wall_core_hours": 0.01, "cpu_hours": 0.01,
+        {"setting": "timing", "runs": 1, "complete": 1, "lost_attempts": 0, "wall_core_hours": 0.01, "cpu_hours": 0.01,
          "budget_primary": None, "budget_total": None},
     ]
 
@@ -63,7 +64,8 @@ def test_the_command_prints_both_tables_and_writes_the_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| A | runs | rredcot-lr3e-05-seed0 | running | 4fc0b6f | 2026-12-07 01:00 | 1 |  |  |" in out
     assert "| A | runs | grpo-lr3e-05-seed0 | complete | 4fc0b6f | 2026-12-07 01:00 | 3 | 3,600 | 2,700 |" in out
-    assert "| A | 3 | 2 | 1.50 | 1.00 | 19 / 36 |" in out
+    assert "| A | 3 | 2 | 0 | 1.50 | 1.00 | 19 / 36 |" in out
+    assert "lost with their machine" not in out  # no lost_attempts.csv, no such table
     written = json.loads((tmp_path / "ledger.json").read_text())
     assert len(written["runs"]) == 4 and written["totals"][0]["cpu_hours"] == 1.0
     assert "pass@1" not in json.dumps(written)  # timings only: the ledger is no interim look
@@ -72,3 +74,46 @@ def test_the_command_prints_both_tables_and_writes_the_json(tmp_path, capsys):
 def test_a_missing_folder_is_one_clear_line(tmp_path, capsys):
     assert study_ledger.main([str(tmp_path / "nope")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+HEADER = "setting,block,run,state_when_last_seen,began_utc,last_seen_utc,lost_by_utc,run_log_entry\n"
+
+
+def test_attempts_lost_with_a_machine_are_listed_and_counted_per_setting(tmp_path, capsys):
+    study = _study(tmp_path)
+    (study / "lost_attempts.csv").write_text(
+        HEADER
+        + "A,runs,grpo-lr3e-05-seed0,complete,,2026-12-07T00:09,2026-12-07T00:50,2026-12-07 00:50\n"
+        + "B,sweep/grpo,grpo-lr1e-05-seed100,running,2026-12-07T10:42,2026-12-07T10:56,2026-12-07T11:29,"
+          "2026-12-07 11:29\n")
+    assert study_ledger.main([str(study), "--json", str(tmp_path / "ledger.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| B | sweep/grpo | grpo-lr1e-05-seed100 | running | 2026-12-07 10:42 | 2026-12-07 10:56 | 2026-12-07 11:29 |" in out
+    assert "| A | 3 | 2 | 1 | 1.50 | 1.00 | 19 / 36 |" in out
+    assert "| B | 0 | 0 | 1 | 0.00 | 0.00 |  |" in out  # a setting whose only attempts were lost still gets its row
+    written = json.loads((tmp_path / "ledger.json").read_text())
+    assert [a["run"] for a in written["lost_attempts"]] == ["grpo-lr3e-05-seed0", "grpo-lr1e-05-seed100"]
+
+
+def test_a_lost_attempts_file_with_other_columns_is_one_line_naming_the_header(tmp_path, capsys):
+    study = _study(tmp_path)
+    (study / "lost_attempts.csv").write_text("setting,run\nA,grpo-lr3e-05-seed0\n")
+    assert study_ledger.main([str(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and HEADER.strip() in err
+
+
+def test_the_committed_lost_attempts_name_registered_runs_of_the_study():
+    """Each row of results/where-credit-pays/lost_attempts.csv is a run the driver makes: a registered
+    setting, an arm, a rate of its grid and a seed of the block; a run lost twice is listed twice."""
+    study = Path(__file__).resolve().parents[1] / "results" / "where-credit-pays"
+    protocol = json.loads((study / "protocol.json").read_text())
+    lost = study_ledger.lost_attempts(study)
+    assert lost
+    for a in lost:
+        setting = protocol["settings"][a.setting]
+        arm, lr, seed = re.fullmatch(r"(\w+)-lr([\d.e-]+)-seed(\d+)", a.run).groups()
+        assert arm in setting["arms"] and a.block in {"runs", f"sweep/{arm}"}, a
+        seeds = setting["eval_seeds"] if a.block == "runs" else setting["lr_sweep"]["tuning_seeds"]
+        assert float(lr) in setting["lr_sweep"]["lrs"] and int(seed) in seeds, a
+        assert a.state_when_last_seen in {"complete", "running"} and a.last_seen_utc < a.lost_by_utc, a
