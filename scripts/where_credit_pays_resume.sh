@@ -5,6 +5,7 @@
 #   scripts/where_credit_pays_resume.sh start A B-embedded   # worktrees, committed runs back, drivers, keeping loop
 #   scripts/where_credit_pays_resume.sh keep                 # the keeping loop in the foreground (start runs it in the background)
 #   ONCE=1 scripts/where_credit_pays_resume.sh keep          # one pass of it (before a working session ends)
+#   scripts/where_credit_pays_resume.sh status               # per setting: its driver, finished runs, runs in flight
 #   DRY_RUN=1 scripts/where_credit_pays_resume.sh start A    # print the commands instead of running them
 #
 # start, per setting: a worktree at the setting's pinned commit (the registration's code, never main's),
@@ -20,7 +21,7 @@
 # this checkout; made absolute, the drivers run in the worktrees), INTERVAL (default 600), ONCE (1: one
 # keeping pass), DRY_RUN (1: print only).
 set -euo pipefail
-mode=${1:?usage: where_credit_pays_resume.sh start SETTING... | keep}
+mode=${1:?usage: where_credit_pays_resume.sh start SETTING... | keep | status}
 shift
 
 # The commits each setting was registered and started at (run-log.md's header names the same).
@@ -65,7 +66,25 @@ keep_pass() {  # one pass: every setting's finished runs copied from its worktre
   done
 }
 
+status() {  # per setting with a worktree: is its driver alive, how many runs finished, which are in flight
+  local setting study manifest finished
+  for setting in "${!PINNED[@]}"; do
+    study=$WORKTREES/$setting/$STUDY/$setting
+    [[ -d $study ]] || continue
+    if alive "$LOGS/$setting.pid"; then echo "$setting: driver running (pid $(cat "$LOGS/$setting.pid"))"
+    else echo "$setting: no driver running"; fi
+    finished=0
+    # Only each manifest's status is read (no interim look); rollouts/ and checkpoints/ hold no runs.
+    while IFS= read -r manifest; do
+      if grep -qs '"status": "complete"' "$manifest"; then finished=$((finished + 1))
+      else echo "  in flight or stopped: ${manifest%/train/manifest.json} (manifest last written $(date -u -r "$manifest" +%FT%TZ))"; fi
+    done < <(find "$study" -path '*/rollouts' -prune -o -path '*/checkpoints' -prune -o -path '*/train/manifest.json' -print | sort)
+    echo "  finished runs: $finished"
+  done
+}
+
 case $mode in
+  status) status; exit 0 ;;
   keep)
     while true; do
       keep_pass
@@ -73,7 +92,7 @@ case $mode in
       sleep "$INTERVAL"
     done ;;
   start) ;;
-  *) echo "error: unknown mode '$mode'; use start SETTING... or keep" >&2; exit 2 ;;
+  *) echo "error: unknown mode '$mode'; use start SETTING..., keep or status" >&2; exit 2 ;;
 esac
 
 (( $# > 0 )) || { echo "error: name the settings to start, e.g. start A B-embedded (pinned: ${!PINNED[*]})" >&2; exit 2; }

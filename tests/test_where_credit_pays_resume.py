@@ -91,3 +91,18 @@ def test_keep_copies_and_commits_only_the_settings_with_a_worktree(tmp_path):
     assert [line for line in result.stdout.splitlines() if line.startswith("git commit")] == [
         "git commit -q -m where-credit-pays\\ B-embedded:\\ finished\\ runs\\ as\\ they\\ finish -- "
         "results/where-credit-pays/B-embedded "]
+
+
+def test_status_counts_finished_runs_and_names_the_unfinished_from_manifests_only(tmp_path):
+    study = tmp_path / "A" / "results" / "where-credit-pays" / "A"
+    for run, status in [("runs/grpo-lr3e-05-seed0", "complete"), ("runs/rredcot-lr3e-05-seed0", "running"),
+                        ("sweep/grpo/grpo-lr1e-05-seed100", "complete"),
+                        ("runs/grpo-lr3e-05-seed0/train/rollouts/step-10", "running")]:  # a part of a run, not a run
+        (study / run / "train").mkdir(parents=True, exist_ok=True)
+        (study / run / "train" / "manifest.json").write_text(f'{{"status": "{status}"}}')
+    result = resume("status", worktrees=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "A: no driver running" and lines[-1] == "  finished runs: 2"
+    unfinished = [line for line in lines if "in flight or stopped" in line]
+    assert len(unfinished) == 1 and f"{study}/runs/rredcot-lr3e-05-seed0 (manifest last written" in unfinished[0]
