@@ -20,6 +20,13 @@ block, run, its state when last seen (``complete`` or ``running``), when it bega
 was last seen and when the loss was found, and the run-log entry that tells it. The ledger lists them
 and counts them per setting; it does not time them (their summaries were lost too).
 
+Runs made at the registered commits do not record their CPU in their manifests, and the same run made
+on another kind of CPU gives other numbers (docs/failure-modes.md, Determinism). The study's
+``machines.csv``, also from its run log, lists each machine the study ran on with when it was booted;
+a run's machine is the last one booted before the run was created (a run is never resumed across
+machines: its checkpoints go with the machine). The ledger names each run's machine and lists the
+pairs of main runs (the same seed, both arms) whose arms ran on different machines.
+
 Nothing but manifests and the two timing fields of each summary is read, so the ledger can be drawn
 while a study runs without an interim look at its results.
 """
@@ -27,6 +34,7 @@ while a study runs without an interim look at its results.
 import argparse
 import csv
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +52,7 @@ class RunEntry:
     seconds: float | None  # wall seconds of the run (None until it finishes)
     cpu_seconds: float | None
     attempts: int  # 1 + the restarts that resumed it from a checkpoint
+    machine: str = ""  # from the study's machines.csv ("" when it has none)
 
 
 @dataclass(frozen=True)
@@ -59,27 +68,65 @@ class LostAttempt:
 
 
 LOST_ATTEMPTS = "lost_attempts.csv"
+MACHINES = "machines.csv"
+MACHINE_COLUMNS = ["machine", "booted_utc", "cpu", "cores", "torch_cpu_capability", "run_log_entry"]
 
 
 class LedgerError(ValueError):
     """A study folder the ledger cannot read; the message names the fix."""
 
 
-def lost_attempts(study: Path) -> list[LostAttempt]:
-    """The attempts listed in ``study/lost_attempts.csv`` (none if there is no such file)."""
-    path = study / LOST_ATTEMPTS
+def _table(path: Path, columns: list[str]) -> list[dict]:
+    """The rows of a hand-written CSV (none if there is no such file); its header must be ``columns``."""
     if not path.is_file():
         return []
-    expected = list(LostAttempt.__dataclass_fields__)
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames != expected:
-            raise LedgerError(f"{path} has the columns {reader.fieldnames}; its header must be {','.join(expected)}")
-        return [LostAttempt(**row) for row in reader]
+        if reader.fieldnames != columns:
+            raise LedgerError(f"{path} has the columns {reader.fieldnames}; its header must be {','.join(columns)}")
+        return list(reader)
+
+
+def lost_attempts(study: Path) -> list[LostAttempt]:
+    """The attempts listed in ``study/lost_attempts.csv`` (none if there is no such file)."""
+    return [LostAttempt(**row) for row in _table(study / LOST_ATTEMPTS, list(LostAttempt.__dataclass_fields__))]
+
+
+def machines(study: Path) -> list[dict]:
+    """The machines listed in ``study/machines.csv``, in the order they were booted (an empty
+    ``booted_utc``, allowed first only, stands for "before every other")."""
+    rows = _table(study / MACHINES, MACHINE_COLUMNS)
+    booted = [row["booted_utc"] for row in rows]
+    if any(not b for b in booted[1:]) or booted != sorted(booted):
+        raise LedgerError(f"{study / MACHINES}: list the machines in the order they were booted, "
+                          "with an empty booted_utc on the first row only")
+    return rows
+
+
+def machine_at(rows: list[dict], created: str | None) -> str:
+    """The machine last booted before ``created`` (an ISO time; compared at minute precision)."""
+    if not created:
+        return ""
+    minute = created[:16]
+    return next((row["machine"] for row in reversed(rows) if row["booted_utc"][:16] <= minute), "")
+
+
+def pairs_across_machines(entries: list[RunEntry]) -> list[tuple[str, str, list[str]]]:
+    """Main runs of the same setting and seed made on different machines: (setting, seed, the runs
+    as ``name (machine)``). Only runs with a known machine count."""
+    by_pair: dict[tuple[str, str], list[RunEntry]] = {}
+    for e in entries:
+        seed = re.search(r"-seed(\d+)$", e.name)
+        if e.block == "runs" and seed and e.machine:
+            by_pair.setdefault((e.setting, seed.group(1)), []).append(e)
+    return [(setting, seed, [f"{e.name} ({e.machine})" for e in runs])
+            for (setting, seed), runs in sorted(by_pair.items(), key=lambda kv: (kv[0][0], int(kv[0][1])))
+            if len({e.machine for e in runs}) > 1]
 
 
 def ledger(study: Path) -> list[RunEntry]:
     """Every run under ``study/<setting>/``, sorted by setting, block and name."""
+    known_machines = machines(study)
     entries = []
     for manifest_path in sorted(study.glob("*/**/train/manifest.json")):
         run = manifest_path.parent.parent
@@ -95,6 +142,7 @@ def ledger(study: Path) -> list[RunEntry]:
             started=manifest.get("created"), finished=manifest.get("finished"),
             seconds=summary.get("seconds"), cpu_seconds=summary.get("cpu_seconds"),
             attempts=1 + len(manifest.get("resumed", [])),
+            machine=machine_at(known_machines, manifest.get("created")),
         ))
     return entries
 
@@ -128,12 +176,16 @@ def _budget(row: dict) -> str:
 
 
 def markdown(entries: list[RunEntry], sums: list[dict], lost: list[LostAttempt] = ()) -> str:
-    lines = ["| setting | block | run | status | commit | started (UTC) | attempts | wall s | CPU s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | block | run | status | commit | started (UTC) | machine | attempts | wall s | CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         lines.append(f"| {e.setting} | {e.block} | {e.name} | {e.status} | {(e.commit or '')[:7]} | "
-                     f"{(e.started or '')[:16].replace('T', ' ')} | {e.attempts} | {_num(e.seconds)} | "
+                     f"{(e.started or '')[:16].replace('T', ' ')} | {e.machine} | {e.attempts} | {_num(e.seconds)} | "
                      f"{_num(e.cpu_seconds)} |")
+    across = pairs_across_machines(entries)
+    if across:
+        lines += ["", f"Pairs of main runs made on different machines (from {MACHINES}):", ""]
+        lines += [f"- {setting}, seed {seed}: {', '.join(runs)}" for setting, seed, runs in across]
     if lost:
         lines += ["", f"Attempts lost with their machine (no manifest survived; from {LOST_ATTEMPTS}):", "",
                   "| setting | block | run | state when last seen | began (UTC) | last seen (UTC) | lost by (UTC) |",
@@ -164,16 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     protocol = json.loads(protocol_path.read_text()) if protocol_path.is_file() else {}
     try:
         lost = lost_attempts(args.study)
+        entries = ledger(args.study)
     except LedgerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    entries = ledger(args.study)
     sums = totals(entries, protocol, lost)
     print(markdown(entries, sums, lost), end="")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        across = [{"setting": setting, "seed": int(seed), "runs": runs} for setting, seed, runs in pairs_across_machines(entries)]
         args.json.write_text(json.dumps({"runs": [asdict(e) for e in entries], "lost_attempts": [asdict(a) for a in lost],
-                                         "totals": sums}, indent=2) + "\n")
+                                         "pairs_across_machines": across, "totals": sums}, indent=2) + "\n")
     return 0
 
 

@@ -10,12 +10,12 @@ study_ledger = load_script("scripts/study_ledger.py")
 
 
 def _run(study: Path, rel: str, status: str, seconds: float | None = None, cpu: float | None = None,
-         restarts: int = 0) -> None:
+         restarts: int = 0, created: str = "2026-12-07T01:00:00+00:00") -> None:
     train = study / rel / "train"
     train.mkdir(parents=True)
     resumed = [{"at": "2026-12-07T04:25:58+00:00", "found": "running"}] * restarts
     (train / "manifest.json").write_text(json.dumps({
-        "status": status, "git": {"sha": "4fc0b6f" + "0" * 33}, "created": "2026-12-07T01:00:00+00:00",
+        "status": status, "git": {"sha": "4fc0b6f" + "0" * 33}, "created": created,
         "resumed": resumed}))
     if seconds is not None:
         (train / "summary.json").write_text(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "pass@1": 0.5}))
@@ -62,8 +62,9 @@ def test_the_command_prints_both_tables_and_writes_the_json(tmp_path, capsys):
     study = _study(tmp_path)
     assert study_ledger.main([str(study), "--json", str(tmp_path / "ledger.json")]) == 0
     out = capsys.readouterr().out
-    assert "| A | runs | rredcot-lr3e-05-seed0 | running | 4fc0b6f | 2026-12-07 01:00 | 1 |  |  |" in out
-    assert "| A | runs | grpo-lr3e-05-seed0 | complete | 4fc0b6f | 2026-12-07 01:00 | 3 | 3,600 | 2,700 |" in out
+    assert "| A | runs | rredcot-lr3e-05-seed0 | running | 4fc0b6f | 2026-12-07 01:00 |  | 1 |  |  |" in out
+    assert "| A | runs | grpo-lr3e-05-seed0 | complete | 4fc0b6f | 2026-12-07 01:00 |  | 3 | 3,600 | 2,700 |" in out
+    assert "different machines" not in out  # no machines.csv: no machine is known
     assert "| A | 3 | 2 | 0 | 1.50 | 1.00 | 19 / 36 |" in out
     assert "lost with their machine" not in out  # no lost_attempts.csv, no such table
     written = json.loads((tmp_path / "ledger.json").read_text())
@@ -110,6 +111,7 @@ def test_the_committed_lost_attempts_name_registered_runs_of_the_study():
     protocol = json.loads((study / "protocol.json").read_text())
     lost = study_ledger.lost_attempts(study)
     assert lost
+    assert [m["machine"] for m in study_ledger.machines(study)][0] == "before-2026-12-07"  # parses, in boot order
     for a in lost:
         setting = protocol["settings"][a.setting]
         arm, lr, seed = re.fullmatch(r"(\w+)-lr([\d.e-]+)-seed(\d+)", a.run).groups()
@@ -117,3 +119,38 @@ def test_the_committed_lost_attempts_name_registered_runs_of_the_study():
         seeds = setting["eval_seeds"] if a.block == "runs" else setting["lr_sweep"]["tuning_seeds"]
         assert float(lr) in setting["lr_sweep"]["lrs"] and int(seed) in seeds, a
         assert a.state_when_last_seen in {"complete", "running"} and a.last_seen_utc < a.lost_by_utc, a
+
+
+MACHINES = ("machine,booted_utc,cpu,cores,torch_cpu_capability,run_log_entry\n"
+            "old,,not recorded,2,not recorded,x\n"
+            "b,2026-12-07T08:04,AMD EPYC,2,AVX512,y\n"
+            "c,2026-12-07T11:27,AMD EPYC,2,AVX512,z\n")
+
+
+def test_each_run_gets_the_machine_last_booted_before_it_and_split_pairs_are_listed(tmp_path, capsys):
+    study = _study(tmp_path)  # its runs were created at 01:00, before machine b
+    (study / "machines.csv").write_text(MACHINES)
+    _run(study, "A/runs/grpo-lr3e-05-seed7", "complete", 500.0, 490.0, created="2026-12-07T10:30:00+00:00")
+    _run(study, "A/runs/rredcot-lr3e-05-seed7", "complete", 510.0, 500.0, created="2026-12-07T11:29:59+00:00")
+    _run(study, "A/runs/grpo-lr3e-05-seed8", "complete", 500.0, 490.0, created="2026-12-07T11:27:00+00:00")
+    _run(study, "A/runs/rredcot-lr3e-05-seed8", "running", created="2026-12-07T11:40:00+00:00")
+    machines = {e.name: e.machine for e in study_ledger.ledger(study)}
+    assert machines == {"grpo-lr3e-05-seed0": "old", "rredcot-lr3e-05-seed0": "old", "grpo-lr1e-05-seed100": "old",
+                        "grpo": "old", "grpo-lr3e-05-seed7": "b", "rredcot-lr3e-05-seed7": "c",
+                        "grpo-lr3e-05-seed8": "c", "rredcot-lr3e-05-seed8": "c"}
+    assert study_ledger.main([str(study), "--json", str(tmp_path / "ledger.json")]) == 0
+    out = capsys.readouterr().out
+    assert "- A, seed 7: grpo-lr3e-05-seed7 (b), rredcot-lr3e-05-seed7 (c)" in out
+    assert "seed 8:" not in out and "seed 0:" not in out
+    written = json.loads((tmp_path / "ledger.json").read_text())
+    assert written["pairs_across_machines"] == [
+        {"setting": "A", "seed": 7, "runs": ["grpo-lr3e-05-seed7 (b)", "rredcot-lr3e-05-seed7 (c)"]}]
+
+
+def test_machines_out_of_boot_order_are_one_line(tmp_path, capsys):
+    study = _study(tmp_path)
+    lines = MACHINES.splitlines()
+    (study / "machines.csv").write_text("\n".join([lines[0], lines[1], lines[3], lines[2]]) + "\n")
+    assert study_ledger.main([str(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in the order they were booted" in err
