@@ -138,9 +138,9 @@ for setting in "$@"; do
   echo "$(date -u +%FT%TZ) started the driver of $setting at $pin (pid $(cat "$LOGS/$setting.pid"), log $LOGS/$setting.log)"
 done
 
-# The machine, for the run log's entry (the same CPU kind gives the same numbers; docs/failure-modes.md).
-[[ $DRY_RUN == 1 ]] || echo "machine: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | xargs), $(nproc) cores," \
-  "torch CPU capability $("$PYTHON" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')"
+# The machine: a row in the study's machines.csv when this one is new, from which the ledger names
+# each run's machine (the runs at the pinned commits do not record their CPU; docs/failure-modes.md).
+run "$PYTHON" scripts/study_machine.py "$STUDY/machines.csv"
 
 if alive "$LOGS/keep.pid"; then
   echo "the keeping loop already runs (pid $(cat "$LOGS/keep.pid"))"

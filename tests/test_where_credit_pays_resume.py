@@ -41,6 +41,7 @@ def test_start_makes_the_worktree_at_the_pin_puts_runs_back_then_starts_driver_a
         f"git worktree add --detach {worktree} 4fc0b6f",
         f"scripts/keep_finished_runs.py results/where-credit-pays/A {worktree}/results/where-credit-pays/A",
         "scripts/where_credit_pays.sh A",
+        "scripts/study_machine.py results/where-credit-pays/machines.csv",
         "keep >>",
     ]
     positions = [next(i for i, line in enumerate(lines) if step in line) for step in expected_order]
