@@ -6,6 +6,8 @@
 #   scripts/where_credit_pays_resume.sh keep                 # the keeping loop in the foreground (start runs it in the background)
 #   ONCE=1 scripts/where_credit_pays_resume.sh keep          # one pass of it (before a working session ends)
 #   scripts/where_credit_pays_resume.sh status               # per setting: its driver, finished runs, runs in flight
+#   scripts/where_credit_pays_resume.sh finish               # before a working session ends: a keeping pass, the
+#                                                            # drivers' logs committed, then status
 #   DRY_RUN=1 scripts/where_credit_pays_resume.sh start A    # print the commands instead of running them
 #
 # start, per setting: a worktree at the setting's pinned commit (the registration's code, never main's),
@@ -21,7 +23,7 @@
 # this checkout; made absolute, the drivers run in the worktrees), INTERVAL (default 600), ONCE (1: one
 # keeping pass), DRY_RUN (1: print only).
 set -euo pipefail
-mode=${1:?usage: where_credit_pays_resume.sh start SETTING... | keep | status}
+mode=${1:?usage: where_credit_pays_resume.sh start SETTING... | keep | status | finish}
 shift
 
 # The commits each setting was registered and started at (run-log.md's header names the same).
@@ -83,8 +85,30 @@ status() {  # per setting with a worktree: is its driver alive, how many runs fi
   done
 }
 
+# The drivers' logs, into the study as driver-logs/<machine>-<setting>.log (machines.csv's last row: the
+# machine start registered). A log grows over the restarts on one machine, so a later copy of it is a
+# superset of an earlier one; a new machine starts a new file.
+commit_driver_logs() {
+  local machine setting log copy
+  machine=$(tail -n1 "$STUDY/machines.csv" | cut -d, -f1)
+  for log in "$LOGS"/*.log; do
+    [[ -f $log ]] || continue
+    setting=$(basename "$log" .log)
+    [[ -n ${PINNED[$setting]:-} ]] || continue  # keep.log and others are not a driver's
+    copy=$STUDY/driver-logs/$machine-$setting.log
+    run cp "$log" "$copy"
+    run git add -- "$copy"
+  done
+  if [[ $DRY_RUN == 1 ]]; then
+    run git commit -q -m "where-credit-pays: the drivers' logs on machine $machine" -- "$STUDY/driver-logs"
+  elif ! git diff --cached --quiet -- "$STUDY/driver-logs"; then
+    git commit -q -m "where-credit-pays: the drivers' logs on machine $machine (copied, not read)" -- "$STUDY/driver-logs"
+  fi
+}
+
 case $mode in
   status) status; exit 0 ;;
+  finish) keep_pass; commit_driver_logs; status; exit 0 ;;
   keep)
     while true; do
       keep_pass
@@ -92,7 +116,7 @@ case $mode in
       sleep "$INTERVAL"
     done ;;
   start) ;;
-  *) echo "error: unknown mode '$mode'; use start SETTING..., keep or status" >&2; exit 2 ;;
+  *) echo "error: unknown mode '$mode'; use start SETTING..., keep, status or finish" >&2; exit 2 ;;
 esac
 
 (( $# > 0 )) || { echo "error: name the settings to start, e.g. start A B-embedded (pinned: ${!PINNED[*]})" >&2; exit 2; }

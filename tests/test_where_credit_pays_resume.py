@@ -107,3 +107,21 @@ def test_status_counts_finished_runs_and_names_the_unfinished_from_manifests_onl
     assert lines[0] == "A: no driver running" and lines[-1] == "  finished runs: 2"
     unfinished = [line for line in lines if "in flight or stopped" in line]
     assert len(unfinished) == 1 and f"{study}/runs/rredcot-lr3e-05-seed0 (manifest last written" in unfinished[0]
+
+
+def test_finish_keeps_finished_runs_then_commits_each_drivers_log_under_this_machines_name(tmp_path):
+    (tmp_path / "A" / "results" / "where-credit-pays" / "A").mkdir(parents=True)
+    (tmp_path / "logs").mkdir()
+    for name in ["A.log", "keep.log"]:
+        (tmp_path / "logs" / name).write_text("a line\n")
+    result = resume("finish", worktrees=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    machine = (ROOT / "results" / "where-credit-pays" / "machines.csv").read_text().splitlines()[-1].split(",")[0]
+    copy = f"results/where-credit-pays/driver-logs/{machine}-A.log"
+    assert f"cp {tmp_path}/logs/A.log {copy} " in lines and f"git add -- {copy} " in lines
+    assert not any("keep.log" in line for line in lines)  # the keeping loop's log is not a driver's
+    steps = ["keep_finished_runs.py", f"cp {tmp_path}/logs/A.log", "git commit -q -m where-credit-pays:\\ the\\ drivers",
+             "A: no driver running"]
+    positions = [next(i for i, line in enumerate(lines) if step in line) for step in steps]
+    assert positions == sorted(positions), result.stdout
