@@ -60,10 +60,12 @@ keep_pass() {  # one pass: every setting's finished runs copied from its worktre
     copied=$(nice "$PYTHON" scripts/keep_finished_runs.py "$source" "$STUDY/$setting" 2>&1) || true
     echo "$(date -u +%FT%TZ) $setting: $(grep -m1 'finished runs of' <<<"$copied" || tail -n1 <<<"$copied")"
     kept=$(grep -o '[0-9]* finished runs of' <<<"$copied" | grep -o '^[0-9]*' || echo "?")
-    git add -- "$STUDY/$setting"
+    # A commit made by hand at the same moment holds git's index lock: say so and try again next pass,
+    # rather than let the loop die (set -e).
+    if ! git add -- "$STUDY/$setting"; then echo "git add failed; the next pass tries again"; continue; fi
     if ! git diff --cached --quiet -- "$STUDY/$setting"; then
       git commit -q -m "where-credit-pays $setting: finished runs as they finish ($kept kept so far; copied by scripts/keep_finished_runs.py, not read)" \
-        -- "$STUDY/$setting"
+        -- "$STUDY/$setting" || echo "git commit failed; the next pass tries again"
     fi
   done
 }
@@ -126,6 +128,10 @@ done
 [[ -x $PYTHON || $DRY_RUN == 1 ]] || { echo "error: no Python at $PYTHON; install this checkout (README) or set PYTHON" >&2; exit 2; }
 [[ $DRY_RUN == 1 ]] || mkdir -p "$LOGS"
 
+# The machine first: a row in the study's machines.csv when this one is new, from which the ledger
+# names each run's machine (the runs at the pinned commits do not record their CPU; docs/failure-modes.md).
+run "$PYTHON" scripts/study_machine.py "$STUDY/machines.csv"
+
 for setting in "$@"; do
   worktree=$WORKTREES/$setting
   pin=${PINNED[$setting]}
@@ -161,10 +167,6 @@ for setting in "$@"; do
   )
   echo "$(date -u +%FT%TZ) started the driver of $setting at $pin (pid $(cat "$LOGS/$setting.pid"), log $LOGS/$setting.log)"
 done
-
-# The machine: a row in the study's machines.csv when this one is new, from which the ledger names
-# each run's machine (the runs at the pinned commits do not record their CPU; docs/failure-modes.md).
-run "$PYTHON" scripts/study_machine.py "$STUDY/machines.csv"
 
 if alive "$LOGS/keep.pid"; then
   echo "the keeping loop already runs (pid $(cat "$LOGS/keep.pid"))"
