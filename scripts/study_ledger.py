@@ -27,6 +27,9 @@ a run's machine is the last one booted before the run was created (a run is neve
 machines: its checkpoints go with the machine). The ledger names each run's machine and lists the
 pairs of main runs (the same seed, both arms) whose arms ran on different machines.
 
+Last, per registered setting, what is left of its primary blocks and the core-hours it would take
+at the mean wall seconds of the finished runs: a projection from times alone, for planning sessions.
+
 Nothing but manifests and the two timing fields of each summary is read, so the ledger can be drawn
 while a study runs without an interim look at its results.
 """
@@ -167,6 +170,31 @@ def totals(entries: list[RunEntry], protocol: dict, lost: list[LostAttempt] = ()
     return out
 
 
+def remaining(entries: list[RunEntry], protocol: dict) -> list[dict]:
+    """Per registered setting, its primary blocks: the registered runs (sweep: arms x rates x tuning
+    seeds; main: arms x evaluation seeds), how many are complete, and the core-hours the rest would
+    take at the mean wall seconds of the setting's finished runs of the same block (the sweep's mean
+    for main runs until one finishes). A projection from times alone, for planning."""
+    out = []
+    for setting, spec in protocol.get("settings", {}).items():
+        if spec.get("status") != "registered":
+            continue
+        arms, sweep = list(spec["arms"]), spec["lr_sweep"]
+        done = [e for e in entries if e.setting == setting and e.status == "complete" and e.seconds is not None]
+        sweep_done = [e for e in done if e.block in {f"sweep/{arm}" for arm in arms}]
+        main_done = [e for e in done if e.block == "runs" and any(e.name.startswith(f"{arm}-lr") for arm in arms)]
+        sweep_left = len(arms) * len(sweep["lrs"]) * len(sweep["tuning_seeds"]) - len(sweep_done)
+        main_left = len(arms) * len(spec["eval_seeds"]) - len(main_done)
+        sweep_mean = sum(e.seconds for e in sweep_done) / len(sweep_done) if sweep_done else None
+        main_mean = sum(e.seconds for e in main_done) / len(main_done) if main_done else sweep_mean
+        projected = None
+        if (sweep_left == 0 or sweep_mean is not None) and (main_left == 0 or main_mean is not None):
+            projected = round((sweep_left * (sweep_mean or 0.0) + main_left * (main_mean or 0.0)) / 3600, 1)
+        out.append({"setting": setting, "sweep_left": sweep_left, "main_left": main_left,
+                    "projected_core_hours": projected})
+    return out
+
+
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:,.0f}"
 
@@ -175,7 +203,7 @@ def _budget(row: dict) -> str:
     return "" if row["budget_primary"] is None else f"{row['budget_primary']} / {row['budget_total']}"
 
 
-def markdown(entries: list[RunEntry], sums: list[dict], lost: list[LostAttempt] = ()) -> str:
+def markdown(entries: list[RunEntry], sums: list[dict], lost: list[LostAttempt] = (), left: list[dict] = ()) -> str:
     lines = ["| setting | block | run | status | commit | started (UTC) | machine | attempts | wall s | CPU s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
@@ -199,6 +227,12 @@ def markdown(entries: list[RunEntry], sums: list[dict], lost: list[LostAttempt] 
     for s in sums:
         lines.append(f"| {s['setting']} | {s['runs']} | {s['complete']} | {s['lost_attempts']} | "
                      f"{s['wall_core_hours']:.2f} | {s['cpu_hours']:.2f} | {_budget(s)} |")
+    if left:
+        lines += ["", "What is left of the primary blocks (a projection from the finished runs' wall seconds):", "",
+                  "| setting | sweep runs left | main runs left | projected core-hours |", "|---|---|---|---|"]
+        for r in left:
+            projected = "" if r["projected_core_hours"] is None else f"{r['projected_core_hours']:.1f}"
+            lines.append(f"| {r['setting']} | {r['sweep_left']} | {r['main_left']} | {projected} |")
     return "\n".join(lines) + "\n"
 
 
@@ -221,12 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sums = totals(entries, protocol, lost)
-    print(markdown(entries, sums, lost), end="")
+    left = remaining(entries, protocol)
+    print(markdown(entries, sums, lost, left), end="")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         across = [{"setting": setting, "seed": int(seed), "runs": runs} for setting, seed, runs in pairs_across_machines(entries)]
         args.json.write_text(json.dumps({"runs": [asdict(e) for e in entries], "lost_attempts": [asdict(a) for a in lost],
-                                         "pairs_across_machines": across, "totals": sums}, indent=2) + "\n")
+                                         "pairs_across_machines": across, "totals": sums, "remaining": left}, indent=2) + "\n")
     return 0
 
 

@@ -154,3 +154,29 @@ def test_machines_out_of_boot_order_are_one_line(tmp_path, capsys):
     assert study_ledger.main([str(study)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in the order they were booted" in err
+
+
+def test_what_is_left_is_projected_from_the_finished_runs_times_only(tmp_path, capsys):
+    study = tmp_path / "study"
+    study.mkdir()
+    spec = {"status": "registered", "arms": {"grpo": [], "rredcot": []}, "eval_seeds": [0, 1, 2],
+            "lr_sweep": {"lrs": [1e-5, 3e-5], "tuning_seeds": [100]}, "cpu_budget_core_hours": {"primary": 1, "total": 2}}
+    (study / "protocol.json").write_text(json.dumps({"settings": {
+        "A": spec, "B": {**spec, "arms": {"grpo": []}}, "C": {**spec, "status": "future"},
+        "D": {**spec, "arms": {"grpo": []}}}}))
+    for name, seconds in [("grpo-lr1e-05-seed100", 1000.0), ("grpo-lr3e-05-seed100", 2000.0),
+                          ("rredcot-lr1e-05-seed100", 3000.0), ("rredcot-lr3e-05-seed100", 2000.0)]:
+        _run(study, f"A/sweep/{name.split('-')[0]}/{name}", "complete", seconds, seconds)
+    _run(study, "A/runs/grpo-lr3e-05-seed0", "complete", 3600.0, 3600.0)
+    _run(study, "A/runs/rredcot-lr3e-05-seed0", "running")  # not finished: still left, and not timed
+    _run(study, "A/runs/rloo-lr3e-05-seed0", "complete", 9999.0, 9999.0)  # a further arm: not a primary run
+    _run(study, "D/sweep/grpo/grpo-lr1e-05-seed100", "complete", 1800.0, 1800.0)
+    left = study_ledger.remaining(study_ledger.ledger(study), json.loads((study / "protocol.json").read_text()))
+    # A: the sweep is done; 5 main runs left at the one finished main run's 3,600 s. B: nothing finished,
+    # nothing to project from. D: no main run yet, so the sweep's mean stands for both blocks.
+    assert left == [{"setting": "A", "sweep_left": 0, "main_left": 5, "projected_core_hours": 5.0},
+                    {"setting": "B", "sweep_left": 2, "main_left": 3, "projected_core_hours": None},
+                    {"setting": "D", "sweep_left": 1, "main_left": 3, "projected_core_hours": 2.0}]
+    assert study_ledger.main([str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "| A | 0 | 5 | 5.0 |" in out and "| B | 2 | 3 |  |" in out and "| C |" not in out.split("What is left")[1]
