@@ -152,6 +152,16 @@ def _schema_defaults(groups: Sequence[str]) -> dict[str, Any]:
 METHOD_OPTIONS_ADDED_LATER = {"rredcot": {"method.is_window_unit": "tokens"}}
 
 
+# Options that are part of a run's seed, not of its arm: issue 39's runs set train.data_order_seed to
+# the seed, so its value differs between every two seeds of one arm. For grouping only whether it is
+# set counts (the prompt stream shuffled per seed, or the split's own order); runs pair by ``seed``.
+SEED_OPTIONS = {"train.data_order_seed": "per seed"}
+
+
+def _seed_options_as_set(leaves: dict[str, Any]) -> dict[str, Any]:
+    return {k: (SEED_OPTIONS[k] if k in SEED_OPTIONS and v is not None else v) for k, v in leaves.items()}
+
+
 def _method_leaves(r: RunResult) -> dict[str, Any]:
     return {**METHOD_OPTIONS_ADDED_LATER.get(r.method, {}), **config_leaves(r.config, ["method"])}
 
@@ -161,7 +171,7 @@ def assign_labels(results: Sequence[RunResult]) -> None:
 
     Non-method options count when they differ anywhere in the set (an option missing from an older
     run's config has its default); a run's label shows those where it is not at the default, or
-    where no run is. ``method.*`` parameters count when they differ between runs of the same
+    where no run is; a seed option (``SEED_OPTIONS``) counts only as set or not. ``method.*`` parameters count when they differ between runs of the same
     method (methods have different parameters anyway) and are always shown; a method option an
     older run lacks has the value it ran with (``METHOD_OPTIONS_ADDED_LATER``).
     """
@@ -169,7 +179,7 @@ def assign_labels(results: Sequence[RunResult]) -> None:
     defaults = _schema_defaults(others)
 
     def shared_leaves(r: RunResult) -> dict[str, Any]:
-        return {**defaults, **config_leaves(r.config, others)}
+        return _seed_options_as_set({**defaults, **config_leaves(r.config, others)})
 
     shared = _varying(results, shared_leaves)
     nobody_default = {k for k in shared if k not in defaults

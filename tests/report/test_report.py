@@ -350,6 +350,22 @@ def test_groups_split_by_differing_options_not_by_seed(tmp_path):
     }
 
 
+def test_a_data_order_seed_that_follows_the_seed_does_not_split_groups(tmp_path):
+    """train.data_order_seed is part of a run's seed (issue 39 sets it to the seed), not of its arm:
+    runs whose data order is shuffled group together whatever its value, and pair by seed; only
+    shuffled against unshuffled runs are set apart."""
+    runs = [write_run(tmp_path / f"{m}{s}", m, s, {0: 0.5, 1: 0.5 + 0.1 * s}, EVAL_ROWS,
+                      config_extra={"train.data_order_seed": s})
+            for m in ("grpo", "rredcot") for s in (0, 1)]
+    report = build_report(runs)
+    assert {g.label: [r.seed for r in g.runs] for g in report.groups} == {"grpo": [0, 1], "rredcot": [0, 1]}
+    assert [row.seeds for row in report.paired if row.label == "rredcot"] == [[0, 1]]
+    unshuffled = write_run(tmp_path / "plain", "grpo", 2, {0: 0.5, 1: 0.5}, EVAL_ROWS)
+    labels = {g.label: [r.seed for r in g.runs] for g in build_report([*runs, unshuffled]).groups}
+    assert labels == {"grpo": [2], "grpo · train.data_order_seed=per seed": [0, 1],
+                      "rredcot · train.data_order_seed=per seed": [0, 1]}
+
+
 def test_an_option_older_runs_lack_has_its_default(tmp_path):
     old = write_run(tmp_path / "old", "grpo", 0, {0: 0.5, 1: 0.5}, EVAL_ROWS)
     config = yaml.safe_load((old / "train" / "config.yaml").read_text())
