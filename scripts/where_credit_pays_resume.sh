@@ -60,6 +60,7 @@ keep_pass() {  # one pass: every setting's finished runs copied from its worktre
     copied=$(nice "$PYTHON" scripts/keep_finished_runs.py "$source" "$STUDY/$setting" 2>&1) || true
     echo "$(date -u +%FT%TZ) $setting: $(grep -m1 'finished runs of' <<<"$copied" || tail -n1 <<<"$copied")"
     kept=$(grep -o '[0-9]* finished runs of' <<<"$copied" | grep -o '^[0-9]*' || echo "?")
+    [[ -d $STUDY/$setting ]] || continue  # nothing finished yet, so nothing was copied and there is nothing to add
     # A commit made by hand at the same moment holds git's index lock: say so and try again next pass,
     # rather than let the loop die (set -e).
     if ! git add -- "$STUDY/$setting"; then echo "git add failed; the next pass tries again"; continue; fi

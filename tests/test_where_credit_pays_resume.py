@@ -160,3 +160,26 @@ def test_a_keeping_pass_commits_finished_runs_and_survives_a_busy_index(tmp_path
     log = subprocess.run([*git, "log", "--format=%s", "--name-only", "-1"], capture_output=True, text=True).stdout
     assert log.startswith("where-credit-pays A: finished runs as they finish (1 kept so far")
     assert "results/where-credit-pays/A/runs/grpo-lr3e-05-seed0/train/manifest.json" in log
+
+
+def test_a_setting_with_nothing_finished_yet_is_no_failure(tmp_path):
+    """A driver just started (its worktree has only an unfinished run) gives nothing to copy, and so no
+    folder to add: the pass says so instead of reporting a failed `git add`."""
+    repo, worktrees = tmp_path / "repo", tmp_path / "worktrees"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ["where_credit_pays_resume.sh", "keep_finished_runs.py"]:
+        (repo / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "start"], check=True)
+    run = worktrees / "B-smollm2" / "results" / "where-credit-pays" / "B-smollm2" / "sweep" / "grpo" / "grpo-lr3e-06-seed100" / "train"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text('{"status": "running"}')
+    env = {**os.environ, "PYTHON": sys.executable, "WORKTREES": str(worktrees), "ONCE": "1"}
+    env.pop("DRY_RUN", None)
+    result = subprocess.run(["bash", "scripts/where_credit_pays_resume.sh", "keep"], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "failed" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "B-smollm2: 0 finished runs of 1" in result.stdout
