@@ -66,7 +66,8 @@ def render_markdown(report: Report) -> str:
         f"(held-out split `{b.get('eval_split')}`{steps_range}; final eval of the first run: "
         f"{first.get('num_problems')} problems × {first.get('n')} samples). "
         "Runs are grouped by method and by every option that differs between them; seeds vary within a "
-        f"group. `±` is the half-width of a {CONFIDENCE:.0%} Student-t interval over seeds "
+        "group (`seed`, and `train.data_order_seed`, which groups only by whether it is set). "
+        f"`±` is the half-width of a {CONFIDENCE:.0%} Student-t interval over seeds "
         "(none with one seed).",
         "## Final held-out accuracy",
         "![final held-out pass@1](final_accuracy.png)",
